@@ -1,0 +1,140 @@
+"""Quadratic float64 references for every op in :mod:`hf_sliced_attn.ops`.
+
+They materialise the full (Tq, Tk) interaction matrix, so they are only for tests and
+small inputs. Each fast op in this package is checked against its reference here,
+values and gradients.
+
+Conventions shared by all ops:
+
+* ``key_padding_mask`` is a (B, Tk) bool tensor, True for a real token. Masked keys take
+  part in no sum.
+* ``sliding_window`` w keeps the pairs with |i - j| <= w - 1 (query i and key j indexed
+  from 0 in their own sequences), which is what ModernBERT's local layers pass.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def _pair_mask(
+    batch: int, q_len: int, k_len: int, key_padding_mask: torch.Tensor | None,
+    sliding_window: int | None, device: torch.device,
+) -> torch.Tensor:
+    """(B, 1, Tq, Tk) bool: True where query i may interact with key j."""
+    mask = torch.ones(batch, 1, q_len, k_len, dtype=torch.bool, device=device)
+    if key_padding_mask is not None:
+        mask = mask & key_padding_mask[:, None, None, :].bool()
+    if sliding_window is not None:
+        i = torch.arange(q_len, device=device)[:, None]
+        j = torch.arange(k_len, device=device)[None, :]
+        mask = mask & ((i - j).abs() <= sliding_window - 1)
+    return mask
+
+
+def sliced_relu_reference(
+    query_scalars: torch.Tensor,
+    key_scalars: torch.Tensor,
+    value: torch.Tensor,
+    key_padding_mask: torch.Tensor | None = None,
+    sliding_window: int | None = None,
+) -> torch.Tensor:
+    """Sliced ReLU attention (arXiv 2512.11411), computed pair by pair in float64.
+
+    For one head and one slice, with s = query scalars and t = key scalars:
+
+        out_i = sum_j ReLU(s_i - t_j) (v_j - vbar_i) / sum_l |s_i - t_l|
+
+    where j and l run over the keys query i may see (valid, and inside the window if
+    any) and vbar_i is the mean of those keys' values. A query whose denominator is 0
+    gets 0. With M slices the M kernels' outputs are averaged.
+
+    Shapes: query_scalars (B, H, Tq) or (B, H, M, Tq); key_scalars (B, H, Tk) or
+    (B, H, M, Tk); value (B, H, Tk, D) -> (B, H, Tq, D) in value's dtype.
+    """
+    if query_scalars.dim() == 3:
+        query_scalars, key_scalars = query_scalars.unsqueeze(2), key_scalars.unsqueeze(2)
+    s = query_scalars.double()  # (B, H, M, Tq)
+    t = key_scalars.double()  # (B, H, M, Tk)
+    v = value.double()  # (B, H, Tk, D)
+    batch, _, _, q_len = s.shape
+    k_len = t.shape[-1]
+    mask = _pair_mask(batch, q_len, k_len, key_padding_mask, sliding_window, s.device)  # (B,1,Tq,Tk)
+    mask = mask.unsqueeze(2).double()  # (B, 1, 1, Tq, Tk)
+    diff = s[..., :, None] - t[..., None, :]  # (B, H, M, Tq, Tk)
+    relu = diff.clamp_min(0) * mask
+    denominator = (diff.abs() * mask).sum(-1)  # (B, H, M, Tq)
+    count = mask.sum(-1)  # (B, 1, 1, Tq)
+    vbar = (mask @ v.unsqueeze(2)) / count.clamp_min(1)[..., None]  # (B, H, 1, Tq, D)
+    numerator = relu @ v.unsqueeze(2) - relu.sum(-1, keepdim=True) * vbar  # (B, H, M, Tq, D)
+    out = torch.where(
+        denominator[..., None] > 0, numerator / denominator.clamp_min(1e-300)[..., None], 0.0
+    )
+    return out.mean(2).to(value.dtype)
+
+
+def rela_reference(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    key_padding_mask: torch.Tensor | None = None,
+    *,
+    scaling: float | None = None,
+    sliding_window: int | None = None,
+) -> torch.Tensor:
+    """Rectified linear attention (arXiv 2104.07012) before its norm, in float64.
+
+        out = ReLU(Q K^T * scaling) V,   scaling defaults to D^-1/2,
+
+    with masked pairs contributing exactly 0. Shapes: query (B, H, Tq, D), key and
+    value (B, H, Tk, D) -> (B, H, Tq, D) in query's dtype.
+    """
+    scaling = query.shape[-1] ** -0.5 if scaling is None else scaling
+    q, k, v = query.double(), key.double(), value.double()
+    mask = _pair_mask(q.shape[0], q.shape[2], k.shape[2], key_padding_mask, sliding_window, q.device)
+    weights = (q @ k.transpose(-1, -2) * scaling).clamp_min(0) * mask
+    return (weights @ v).to(query.dtype)
+
+
+def rela_weights_reference(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    key_padding_mask: torch.Tensor | None = None,
+    *,
+    scaling: float | None = None,
+    sliding_window: int | None = None,
+) -> torch.Tensor:
+    """The full ReLA weight matrix ReLU(Q K^T * scaling), masked pairs 0: (B, H, Tq, Tk), float64."""
+    scaling = query.shape[-1] ** -0.5 if scaling is None else scaling
+    mask = _pair_mask(query.shape[0], query.shape[2], key.shape[2], key_padding_mask, sliding_window, query.device)
+    return (query.double() @ key.double().transpose(-1, -2) * scaling).clamp_min(0) * mask
+
+
+def gated_rms_norm_reference(
+    x: torch.Tensor, scale: torch.Tensor, gate: torch.Tensor, eps: float = 1e-6
+) -> torch.Tensor:
+    """y = scale * x * rsqrt(mean(x^2) + eps) * sigmoid(gate * x) over the last dim, float64."""
+    x64 = x.double()
+    rms = torch.rsqrt(x64.pow(2).mean(-1, keepdim=True) + eps)
+    return (scale.double() * x64 * rms * torch.sigmoid(gate.double() * x64)).to(x.dtype)
+
+
+def windowed_softmax_reference(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    key_padding_mask: torch.Tensor | None = None,
+    *,
+    scaling: float | None = None,
+    sliding_window: int | None = None,
+) -> torch.Tensor:
+    """Softmax attention over the allowed pairs, in float64; a query with no allowed key gets 0.
+
+    Shapes as :func:`rela_reference`.
+    """
+    scaling = query.shape[-1] ** -0.5 if scaling is None else scaling
+    q, k, v = query.double(), key.double(), value.double()
+    mask = _pair_mask(q.shape[0], q.shape[2], k.shape[2], key_padding_mask, sliding_window, q.device)
+    scores = (q @ k.transpose(-1, -2) * scaling).masked_fill(~mask, float("-inf"))
+    weights = torch.softmax(scores, dim=-1).nan_to_num(0.0)
+    return (weights @ v).to(query.dtype)
