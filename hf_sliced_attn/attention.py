@@ -1,0 +1,153 @@
+"""The attention functions handed to transformers' ``AttentionInterface``.
+
+Each has transformers' signature ``fn(module, query, key, value, attention_mask, *,
+scaling, dropout, **kwargs) -> (output, None)`` with query/key/value (B, H, T, D) and the
+output (B, T, H, D). ``attention_mask`` is what the mask builder registered next to it
+gives: a (B, T) bool padding mask (True = real token) or None. ModernBERT's local layers
+pass ``sliding_window`` w (pairs with |i - j| <= w - 1).
+
+A layer the user chose to keep on softmax (see ``layers`` in
+:class:`hf_sliced_attn.config.SlicedReluConfig`) is marked so at construction and runs
+softmax here, within its window if it has one. A layer with neither mark was built
+without the plugin's modules, and gets an error rather than any other attention.
+
+Attention-probability dropout has no counterpart: these mechanisms never form the
+attention matrix, so ``dropout`` is not applied (the residual dropouts still are).
+No attention weights are returned; :mod:`hf_sliced_attn.analysis` measures ReLA's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+import torch
+from torch import nn
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+from .ops import rela, sliced_relu, windowed_sliced_relu, windowed_softmax
+
+LAYER_MODE_ATTR = "hf_sliced_attn_mode"
+"""Set on every patched attention module: the mechanism's name, or "softmax" for a kept layer."""
+
+SOFTMAX = "softmax"
+
+AttentionObserver = Callable[..., None]
+_observers: list[AttentionObserver] = []
+
+
+@contextmanager
+def observe_attention(observer: AttentionObserver) -> Iterator[None]:
+    """Within the block, call ``observer(module=, mechanism=, query=, key=, value=,
+    key_padding_mask=, scaling=, sliding_window=)`` on every converted layer's inputs,
+    before the attention runs (used by the ReLA sparsity analysis)."""
+    _observers.append(observer)
+    try:
+        yield
+    finally:
+        _observers.remove(observer)
+
+
+def key_padding_mask_from(attention_mask: torch.Tensor | None, key: torch.Tensor) -> torch.Tensor | None:
+    """Check the mask given by the registered builder: a (B, Tk) bool or None."""
+    if attention_mask is None:
+        return None
+    if attention_mask.dim() != 2 or attention_mask.shape != (key.shape[0], key.shape[2]):
+        raise ValueError(
+            f"hf_sliced_attn expects a (batch, key_length) = {(key.shape[0], key.shape[2])} padding mask, "
+            f"got shape {tuple(attention_mask.shape)}. 4D or custom masks are not supported by sliced_relu/rela: "
+            "pass the usual 2D attention_mask of 0/1 to the model."
+        )
+    return attention_mask.bool()
+
+
+def _layer_mode(module: nn.Module, mechanism: str) -> str:
+    mode = getattr(module, LAYER_MODE_ATTR, None)
+    if mode is None:
+        raise RuntimeError(
+            f"{type(module).__name__} was built without the modules {mechanism!r} needs. Load the model with "
+            f"`from_pretrained(..., attn_implementation={mechanism!r})` (with `import hf_sliced_attn` first), or "
+            f"call `model.set_attn_implementation({mechanism!r})` on a supported model to attach new ones."
+        )
+    if mode not in (mechanism, SOFTMAX):
+        raise RuntimeError(
+            f"This layer was built for {mode!r} but the model now asks for {mechanism!r}: reload the model "
+            f"with attn_implementation={mode!r}."
+        )
+    return mode
+
+
+def _softmax_attention(
+    module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+    key_padding_mask: torch.Tensor | None, scaling: float | None, dropout: float,
+    sliding_window: int | None,
+) -> torch.Tensor:
+    """Softmax attention for a layer kept on softmax: (B, H, T, D) inputs -> (B, T, H, D)."""
+    if sliding_window is not None:
+        out = windowed_softmax(query, key, value, key_padding_mask, scaling=scaling, sliding_window=sliding_window)
+        return out.transpose(1, 2)
+    mask = None if key_padding_mask is None else key_padding_mask[:, None, None, :]
+    out, _ = sdpa_attention_forward(module, query, key, value, mask, dropout=dropout, scaling=scaling, is_causal=False)
+    # A fully padded row has no key to attend to; give it 0 as the other mechanisms do.
+    return out.nan_to_num(0.0)
+
+
+def _notify(mechanism: str, module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+            key_padding_mask: torch.Tensor | None, scaling: float | None, sliding_window: int | None) -> None:
+    for observer in _observers:
+        observer(module=module, mechanism=mechanism, query=query, key=key, value=value,
+                 key_padding_mask=key_padding_mask, scaling=scaling, sliding_window=sliding_window)
+
+
+def sliced_relu_attention_forward(
+    module: nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    *,
+    scaling: float | None = None,
+    dropout: float = 0.0,
+    sliding_window: int | None = None,
+    **kwargs,
+) -> tuple[torch.Tensor, None]:
+    """Sliced ReLU attention with ``module.sliced_projection``: (B, H, T, D) -> (B, T, H, D)."""
+    padding = key_padding_mask_from(attention_mask, key)
+    if _layer_mode(module, "sliced_relu") == SOFTMAX:
+        return _softmax_attention(module, query, key, value, padding, scaling, dropout, sliding_window), None
+    _notify("sliced_relu", module, query, key, value, padding, scaling, sliding_window)
+    query_scalars, key_scalars = module.sliced_projection(query, key)
+    if sliding_window is None:
+        out = sliced_relu(query_scalars, key_scalars, value, padding)
+    else:
+        out = windowed_sliced_relu(query_scalars, key_scalars, value, padding, sliding_window=sliding_window)
+    return out.transpose(1, 2), None
+
+
+def rela_attention_forward(
+    module: nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    *,
+    scaling: float | None = None,
+    dropout: float = 0.0,
+    sliding_window: int | None = None,
+    **kwargs,
+) -> tuple[torch.Tensor, None]:
+    """ReLA with ``module.rela_norm`` over the concatenated heads: (B, H, T, D) -> (B, T, H, D)."""
+    padding = key_padding_mask_from(attention_mask, key)
+    if _layer_mode(module, "rela") == SOFTMAX:
+        return _softmax_attention(module, query, key, value, padding, scaling, dropout, sliding_window), None
+    _notify("rela", module, query, key, value, padding, scaling, sliding_window)
+    out = rela(query, key, value, padding, scaling=scaling, sliding_window=sliding_window).transpose(1, 2)
+    batch, length, heads, head_dim = out.shape
+    normed = module.rela_norm(out.reshape(batch, length, heads * head_dim))
+    return normed.view(batch, length, heads, head_dim), None
+
+
+ATTENTION_FUNCTIONS: dict[str, Callable[..., tuple[torch.Tensor, None]]] = {
+    "sliced_relu": sliced_relu_attention_forward,
+    "rela": rela_attention_forward,
+}

@@ -1,0 +1,226 @@
+"""Registration with transformers, and the construction-time hooks that add the new modules.
+
+On :func:`register` (run by ``import hf_sliced_attn``):
+
+* ``AttentionInterface`` gets the two attention functions and ``AttentionMaskInterface``
+  gets a 2D padding-mask builder for each (never an O(T^2) mask).
+* The self-attention classes of the supported architectures (:mod:`hf_sliced_attn.models`)
+  gain the new module at construction when the config asks for a mechanism, and their
+  ``PreTrainedModel`` initialises it in ``_init_weights``; so the parameters exist before
+  weights load, and converting a vanilla checkpoint initialises them properly.
+* Their configs save ``attn_implementation`` next to the plugin's options. Loading a
+  converted checkpoint with the plugin selects the mechanism by itself; without the
+  plugin transformers refuses the unknown implementation instead of running softmax.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+from torch import nn
+from transformers import AttentionInterface, PretrainedConfig, PreTrainedModel
+from transformers import initialization as init
+from transformers.masking_utils import AttentionMaskInterface, flash_attention_mask
+
+from .attention import ATTENTION_FUNCTIONS, LAYER_MODE_ATTR, SOFTMAX
+from .config import CONFIG_KEY, MECHANISMS, MechanismConfig, make_mechanism_config, mechanism_config_from_dict
+from .models import ARCHITECTURES, SUPPORTED_MODEL_TYPES, ArchitectureSpec, spec_for
+from .modules import GatedRMSNorm, SlicedProjection
+
+MODULE_NAMES: dict[str, str] = {"sliced_relu": "sliced_projection", "rela": "rela_norm"}
+"""The attribute under which each mechanism's module sits on an attention module."""
+
+
+def mechanism_config_of(config: PretrainedConfig) -> MechanismConfig | None:
+    """The mechanism ``config`` asks for, or None for a plain softmax model.
+
+    A config saved by the plugin carries its options under ``CONFIG_KEY``; a fresh
+    conversion only has ``attn_implementation`` set to a mechanism, and gets the default
+    options written into the config here, so that ``save_pretrained`` keeps them.
+    """
+    requested = config._attn_implementation
+    saved = getattr(config, CONFIG_KEY, None)
+    if saved is not None:
+        options = mechanism_config_from_dict(saved)
+        if requested != options.mechanism:
+            raise ValueError(
+                f"This model was converted to {options.mechanism!r} attention (config.{CONFIG_KEY}), but "
+                f"attn_implementation={requested!r} was requested: its weights were trained for "
+                f"{options.mechanism!r}. Load it with attn_implementation={options.mechanism!r} or without the argument."
+            )
+        return options
+    if requested in MECHANISMS:
+        options = make_mechanism_config(requested)
+        setattr(config, CONFIG_KEY, options.to_dict())
+        return options
+    return None
+
+
+def prepare_config(config: PretrainedConfig, mechanism: str, **options: Any) -> PretrainedConfig:
+    """Ask ``config`` for ``mechanism`` with ``options`` before building a model from it.
+
+    ``options`` are the fields of :class:`~hf_sliced_attn.config.SlicedReluConfig` or
+    :class:`~hf_sliced_attn.config.RelaConfig` (e.g. ``num_slices=4, layers="all"``). Use it as
+    ``from_pretrained(path, config=prepare_config(AutoConfig.from_pretrained(path), "sliced_relu", num_slices=2))``.
+    """
+    spec_for(config.model_type)
+    saved = getattr(config, CONFIG_KEY, None)
+    if saved is not None and saved.get("mechanism") != mechanism:
+        raise ValueError(
+            f"This config was converted to {saved.get('mechanism')!r}; it cannot be prepared for {mechanism!r}. "
+            "Start from the original softmax checkpoint to convert it to another mechanism."
+        )
+    setattr(config, CONFIG_KEY, make_mechanism_config(mechanism, **options).to_dict())
+    config._attn_implementation = mechanism
+    return config
+
+
+def attach_modules(module: nn.Module, config: PretrainedConfig, spec: ArchitectureSpec) -> list[nn.Module]:
+    """Give one attention module what ``config``'s mechanism needs, and mark its mode.
+
+    Returns the modules it created (uninitialised: the model's ``_init_weights`` fills them).
+    """
+    options = mechanism_config_of(config)
+    if options is None:
+        return []
+    if getattr(config, "is_decoder", False) or getattr(config, "add_cross_attention", False):
+        raise ValueError(
+            f"{options.mechanism!r} is for encoders: this config has is_decoder/add_cross_attention set. "
+            "Use it on encoder models only."
+        )
+    layer_idx = module.layer_idx
+    converts = options.converts_layer(layer_idx, config.num_hidden_layers, spec.is_local_layer(config, layer_idx))
+    setattr(module, LAYER_MODE_ATTR, options.mechanism if converts else SOFTMAX)
+    if not converts:
+        return []
+    num_heads, head_dim = spec.head_shape(module)
+    if options.mechanism == "sliced_relu":
+        new = SlicedProjection(num_heads, head_dim, options.num_slices)
+    else:
+        new = GatedRMSNorm(num_heads * head_dim, eps=options.norm_eps)
+    setattr(module, MODULE_NAMES[options.mechanism], new)
+    return [new]
+
+
+def init_plugin_module(module: nn.Module, config: PretrainedConfig) -> None:
+    """Initialise a plugin module, skipping tensors that were loaded from a checkpoint.
+
+    Directions are normal with std D^-1/2 (unit norm in expectation; the kernel is
+    invariant to their scale). The RMSNorm scale starts at ones and the gate is normal
+    with the model's ``initializer_range``.
+    """
+    if isinstance(module, SlicedProjection):
+        init.normal_(module.directions, mean=0.0, std=module.head_dim**-0.5)
+    elif isinstance(module, GatedRMSNorm):
+        init.ones_(module.scale)
+        init.normal_(module.gate, mean=0.0, std=getattr(config, "initializer_range", 0.02))
+
+
+def _patch_attention_init(attention_class: type[nn.Module], spec: ArchitectureSpec) -> None:
+    original = attention_class.__init__
+
+    @functools.wraps(original)
+    def __init__(self, config, *args, **kwargs):
+        original(self, config, *args, **kwargs)
+        attach_modules(self, config, spec)
+
+    attention_class.__init__ = __init__
+
+
+def _patch_init_weights(pretrained_class: type[PreTrainedModel]) -> None:
+    original = pretrained_class._init_weights
+
+    @functools.wraps(original)
+    def _init_weights(self, module):
+        original(self, module)
+        init_plugin_module(module, self.config)
+
+    pretrained_class._init_weights = _init_weights
+
+
+def _patch_config_to_dict(config_class: type[PretrainedConfig]) -> None:
+    original = config_class.to_dict
+
+    @functools.wraps(original)
+    def to_dict(self) -> dict[str, Any]:
+        output = original(self)
+        if CONFIG_KEY in output:
+            output["attn_implementation"] = output[CONFIG_KEY]["mechanism"]
+        return output
+
+    config_class.to_dict = to_dict
+
+
+def _patch_set_attn_implementation(pretrained_class: type[PreTrainedModel], spec: ArchitectureSpec) -> None:
+    original = pretrained_class.set_attn_implementation
+
+    @functools.wraps(original)
+    def set_attn_implementation(self, attn_implementation, *args, **kwargs):
+        requested = attn_implementation if isinstance(attn_implementation, str) else attn_implementation.get("")
+        saved = getattr(self.config, CONFIG_KEY, None)
+        if saved is not None and requested != saved["mechanism"]:
+            raise ValueError(
+                f"This model was converted to {saved['mechanism']!r} attention; switching it to {requested!r} "
+                f"would run weights trained for {saved['mechanism']!r} with another attention. Load the original "
+                "checkpoint for that."
+            )
+        original(self, attn_implementation, *args, **kwargs)
+        if saved is None and requested in MECHANISMS:
+            # A model built for softmax: attach freshly initialised modules, never run without them.
+            for attention in self.modules():
+                if isinstance(attention, spec.attention_classes):
+                    reference = next(attention.parameters())
+                    for new in attach_modules(attention, self.config, spec):
+                        new.to(device=reference.device, dtype=reference.dtype)
+                        self._init_weights(new)
+
+    pretrained_class.set_attn_implementation = set_attn_implementation
+
+
+def _patch_unsupported_architecture_check() -> None:
+    """Models outside the supported list get a clear error when they ask for a mechanism."""
+    original = PreTrainedModel.get_correct_attn_implementation
+
+    @functools.wraps(original)
+    def get_correct_attn_implementation(self, requested_attention, *args, **kwargs):
+        if requested_attention in MECHANISMS and self.config.model_type not in ARCHITECTURES:
+            raise ValueError(
+                f"attn_implementation={requested_attention!r} is not available for model_type "
+                f"{self.config.model_type!r}. Supported architectures: {', '.join(SUPPORTED_MODEL_TYPES)}."
+            )
+        return original(self, requested_attention, *args, **kwargs)
+
+    PreTrainedModel.get_correct_attn_implementation = get_correct_attn_implementation
+
+
+_registered = False
+
+
+def register() -> None:
+    """Register both mechanisms with transformers and patch the supported architectures (idempotent)."""
+    global _registered
+    if _registered:
+        return
+    for name, function in ATTENTION_FUNCTIONS.items():
+        AttentionInterface.register(name, function)
+        AttentionMaskInterface.register(name, flash_attention_mask)
+    for spec in ARCHITECTURES.values():
+        for attention_class in spec.attention_classes:
+            _patch_attention_init(attention_class, spec)
+        _patch_init_weights(spec.pretrained_class)
+        _patch_set_attn_implementation(spec.pretrained_class, spec)
+        _patch_config_to_dict(spec.config_class)
+    _patch_unsupported_architecture_check()
+    _registered = True
+
+
+def modules_to_save(model: nn.Module) -> list[str]:
+    """The names of the plugin's modules in ``model``, for peft ``LoraConfig(modules_to_save=...)``."""
+    present = {name.rsplit(".", 1)[-1] for name, _ in model.named_modules()}
+    return [name for name in MODULE_NAMES.values() if name in present]
+
+
+def lora_target_modules(model: PreTrainedModel) -> str:
+    """peft ``target_modules`` for ``model``'s attention projections (a regex over module names)."""
+    return spec_for(model.config.model_type).lora_target_modules

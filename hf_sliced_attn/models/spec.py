@@ -1,0 +1,32 @@
+"""What the plugin needs to know about one architecture."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from torch import nn
+from transformers import PretrainedConfig, PreTrainedModel
+
+
+@dataclass(frozen=True)
+class ArchitectureSpec:
+    """How to convert one transformers architecture.
+
+    Attributes:
+        model_type: ``config.model_type`` of the architecture.
+        config_class: its config class (its ``to_dict`` gains the saved ``attn_implementation``).
+        pretrained_class: its ``PreTrainedModel`` base (its ``_init_weights`` initialises the new modules).
+        attention_classes: the self-attention classes whose ``__init__`` gains the new modules.
+        lora_target_modules: peft ``target_modules`` for the attention projections.
+        head_shape: (module) -> (num_heads, head_dim) of a built attention module.
+        is_local_layer: (config, layer_idx) -> whether that layer attends within a sliding window.
+    """
+
+    model_type: str
+    config_class: type[PretrainedConfig]
+    pretrained_class: type[PreTrainedModel]
+    attention_classes: tuple[type[nn.Module], ...]
+    lora_target_modules: str
+    head_shape: Callable[[nn.Module], tuple[int, int]]
+    is_local_layer: Callable[[PretrainedConfig, int], bool]

@@ -1,0 +1,12 @@
+"""The maths, in pure torch (no transformers import): fast ops and their float64 references.
+
+Each op sits next to its reference in :mod:`hf_sliced_attn.ops.naive`, and the tests
+compare the two, values and gradients.
+"""
+
+from .banded import windowed_sliced_relu, windowed_softmax
+from .norm import gated_rms_norm
+from .rela import rela
+from .sliced_relu import sliced_relu
+
+__all__ = ["gated_rms_norm", "rela", "sliced_relu", "windowed_sliced_relu", "windowed_softmax"]
