@@ -1,0 +1,224 @@
+"""Rectified linear attention (ReLA, arXiv 2104.07012), computed in query blocks.
+
+Per batch element and head, with scores S = Q K^T * scaling (scaling defaults to D^-1/2):
+
+    A = ReLU(S) ⊙ M,    O = A V,
+
+where M is 1 for the pairs (i, j) that may interact and 0 otherwise: key j is a real
+token (``key_padding_mask[b, j]`` is True) and, with a sliding window w, |i - j| <= w - 1
+(i and j indexed from 0 in their own sequences, as ModernBERT's local layers do). There is
+no softmax and no normalisation; masked pairs contribute exactly 0.
+
+Shapes: query (B, H, Tq, D), key and value (B, H, Tk, D), key_padding_mask (B, Tk) bool
+-> output (B, H, Tq, D) in the input dtype (float16/bfloat16 are computed in float32).
+
+Memory. The queries are processed ``block_size`` rows at a time, so only a
+(B, H, block, Tk) slab of scores exists at once (with a window, only the keys of the band
+[start - w + 1, end + w - 2] are touched; the others are skipped). The backward pass is a
+custom :class:`torch.autograd.Function` that recomputes each block's weights
+(flash-attention style, but ReLU needs no running max):
+
+    dV = A^T dO,   dA = dO V^T,   dS = dA ⊙ 1[A > 0],   dQ = scaling · dS K,   dK = dS^T (scaling · Q).
+
+When all queries fit in one block the weights A ((B, H, Tq, Tk), no more than a block's
+worth) are kept from the forward pass instead, saving one matmul on the fast short path.
+Key padding is applied by zeroing the padded key rows, which makes their scores exactly 0,
+so ReLU gives 0 weight and 0 gradient without a (Tq, Tk) mask.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.autograd.function import once_differentiable
+
+__all__ = ["rela"]
+
+
+def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    """float16/bfloat16 accumulate in float32; other floating dtypes compute as they are."""
+    return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
+
+
+def _key_range(start: int, end: int, k_len: int, sliding_window: int | None) -> tuple[int, int]:
+    """Keys [lo, hi) that queries [start, end) may reach."""
+    if sliding_window is None:
+        return 0, k_len
+    return max(0, start - sliding_window + 1), min(k_len, end + sliding_window - 1)
+
+
+def _band_mask(
+    start: int, end: int, lo: int, hi: int, sliding_window: int | None, device: torch.device
+) -> torch.Tensor | None:
+    """(end - start, hi - lo) bool, True where |i - j| <= w - 1; None when every pair is inside."""
+    if sliding_window is None:
+        return None
+    if end - 1 - lo <= sliding_window - 1 and hi - 1 - start <= sliding_window - 1:
+        return None
+    i = torch.arange(start, end, device=device)[:, None]
+    j = torch.arange(lo, hi, device=device)[None, :]
+    return (i - j).abs() <= sliding_window - 1
+
+
+def _block_weights(
+    q_scaled: torch.Tensor, key: torch.Tensor, start: int, end: int, lo: int, hi: int,
+    sliding_window: int | None,
+) -> torch.Tensor:
+    """A for queries [start, end) and keys [lo, hi): ReLU(Q_b K_b^T * scaling), out-of-window pairs 0."""
+    weights = torch.matmul(q_scaled[:, :, start:end], key[:, :, lo:hi].transpose(-1, -2)).relu_()
+    band = _band_mask(start, end, lo, hi, sliding_window, weights.device)
+    if band is not None:
+        weights.masked_fill_(~band, 0.0)
+    return weights
+
+
+def _forward(
+    q_scaled: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+    sliding_window: int | None, block_size: int,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """O = A V block by block; also returns A when the queries fit in one block (else None)."""
+    q_len, k_len = q_scaled.shape[2], key.shape[2]
+    if q_len <= block_size:
+        lo, hi = _key_range(0, q_len, k_len, sliding_window)
+        weights = _block_weights(q_scaled, key, 0, q_len, lo, hi, sliding_window)
+        return torch.matmul(weights, value[:, :, lo:hi]), weights
+    blocks = []
+    for start in range(0, q_len, block_size):
+        end = min(start + block_size, q_len)
+        lo, hi = _key_range(start, end, k_len, sliding_window)
+        if lo >= hi:
+            blocks.append(value.new_zeros(*value.shape[:2], end - start, value.shape[3]))
+            continue
+        weights = _block_weights(q_scaled, key, start, end, lo, hi, sliding_window)
+        blocks.append(torch.matmul(weights, value[:, :, lo:hi]))
+    return torch.cat(blocks, dim=2), None
+
+
+def _prepare(
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+    key_padding_mask: torch.Tensor | None, scaling: float,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Compute-dtype copies: scaling * Q, K with padded rows zeroed, V."""
+    dtype = _compute_dtype(query.dtype)
+    q_scaled = query.to(dtype) * scaling
+    key = key.to(dtype)
+    if key_padding_mask is not None:
+        key = key.masked_fill(~key_padding_mask[:, None, :, None], 0.0)
+    return q_scaled, key, value.to(dtype)
+
+
+class _ReLAFunction(torch.autograd.Function):
+    """ReLA with a backward pass that recomputes block weights; see the module docstring."""
+
+    @staticmethod
+    def forward(
+        ctx: torch.autograd.function.FunctionCtx,
+        query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+        key_padding_mask: torch.Tensor | None, scaling: float,
+        sliding_window: int | None, block_size: int,
+    ) -> torch.Tensor:
+        q_scaled, key_c, value_c = _prepare(query, key, value, key_padding_mask, scaling)
+        out, weights = _forward(q_scaled, key_c, value_c, sliding_window, block_size)
+        ctx.save_for_backward(q_scaled, key_c, value_c, key_padding_mask, weights)
+        ctx.scaling, ctx.sliding_window, ctx.block_size = scaling, sliding_window, block_size
+        ctx.dtypes = (query.dtype, key.dtype, value.dtype)
+        return out.to(query.dtype)
+
+    @staticmethod
+    @once_differentiable
+    def backward(
+        ctx: torch.autograd.function.FunctionCtx, grad_out: torch.Tensor
+    ) -> tuple[torch.Tensor | None, ...]:
+        q_scaled, key, value, key_padding_mask, saved_weights = ctx.saved_tensors
+        scaling, sliding_window, block_size = ctx.scaling, ctx.sliding_window, ctx.block_size
+        grad_out = grad_out.to(q_scaled.dtype)
+        q_len, k_len = q_scaled.shape[2], key.shape[2]
+        grad_q = torch.zeros_like(q_scaled)
+        grad_k = torch.zeros_like(key)
+        grad_v = torch.zeros_like(value)
+        for start in range(0, q_len, block_size):
+            end = min(start + block_size, q_len)
+            lo, hi = _key_range(start, end, k_len, sliding_window)
+            if lo >= hi:
+                continue
+            weights = (
+                saved_weights if saved_weights is not None
+                else _block_weights(q_scaled, key, start, end, lo, hi, sliding_window)
+            )
+            grad_o = grad_out[:, :, start:end]
+            grad_v[:, :, lo:hi] += torch.matmul(weights.transpose(-1, -2), grad_o)
+            grad_s = torch.matmul(grad_o, value[:, :, lo:hi].transpose(-1, -2))
+            grad_s = torch.ops.aten.threshold_backward(grad_s, weights, 0)  # dA ⊙ 1[A > 0]
+            del weights
+            grad_q[:, :, start:end] = torch.matmul(grad_s, key[:, :, lo:hi])
+            grad_k[:, :, lo:hi] += torch.matmul(grad_s.transpose(-1, -2), q_scaled[:, :, start:end])
+        grad_q.mul_(scaling)
+        if key_padding_mask is not None:
+            grad_k.masked_fill_(~key_padding_mask[:, None, :, None], 0.0)
+        q_dtype, k_dtype, v_dtype = ctx.dtypes
+        return grad_q.to(q_dtype), grad_k.to(k_dtype), grad_v.to(v_dtype), None, None, None, None
+
+
+def _validate(
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+    key_padding_mask: torch.Tensor | None, sliding_window: int | None, block_size: int,
+) -> None:
+    if query.dim() != 4:
+        raise ValueError(f"query must have shape (B, H, Tq, D), got {tuple(query.shape)}")
+    batch, heads, _, dim = query.shape
+    for name, tensor in (("key", key), ("value", value)):
+        if tensor.dim() != 4 or (tensor.shape[0], tensor.shape[1], tensor.shape[3]) != (batch, heads, dim):
+            raise ValueError(
+                f"{name} must have shape (B, H, Tk, D) = ({batch}, {heads}, Tk, {dim}) to match "
+                f"query {tuple(query.shape)}, got {tuple(tensor.shape)}"
+            )
+    if value.shape[2] != key.shape[2]:
+        raise ValueError(
+            f"value must have shape (B, H, Tk, D) = {tuple(key.shape)} like key, got {tuple(value.shape)}"
+        )
+    if not (query.dtype == key.dtype == value.dtype) or not query.is_floating_point():
+        raise ValueError(
+            f"query, key and value must share one floating dtype, got {query.dtype}, {key.dtype}, {value.dtype}"
+        )
+    if key_padding_mask is not None and tuple(key_padding_mask.shape) != (batch, key.shape[2]):
+        raise ValueError(
+            f"key_padding_mask must have shape (B, Tk) = ({batch}, {key.shape[2]}), "
+            f"got {tuple(key_padding_mask.shape)}"
+        )
+    if sliding_window is not None and sliding_window < 1:
+        raise ValueError(f"sliding_window must be >= 1, got {sliding_window}")
+    if block_size < 1:
+        raise ValueError(f"block_size must be >= 1, got {block_size}")
+
+
+def rela(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    key_padding_mask: torch.Tensor | None = None,
+    *,
+    scaling: float | None = None,
+    sliding_window: int | None = None,
+    block_size: int = 512,
+) -> torch.Tensor:
+    """Rectified linear attention: O = (ReLU(Q K^T * scaling) ⊙ M) V, without materialising (Tq, Tk).
+
+    Args:
+        query: (B, H, Tq, D).
+        key, value: (B, H, Tk, D), same dtype as query.
+        key_padding_mask: optional (B, Tk) bool, True for a real token; padded keys get weight 0.
+        scaling: score scale, D^-1/2 by default.
+        sliding_window: w keeps the pairs with |i - j| <= w - 1; None keeps all.
+        block_size: queries per block. Scores exist (B, H, block_size, Tk) at a time in the
+            forward and backward passes; sequences up to this length run as one block.
+
+    Returns:
+        (B, H, Tq, D) in query's dtype. Queries with no allowed key get 0.
+    """
+    _validate(query, key, value, key_padding_mask, sliding_window, block_size)
+    scaling = query.shape[-1] ** -0.5 if scaling is None else float(scaling)
+    if key_padding_mask is not None:
+        key_padding_mask = key_padding_mask.to(device=key.device, dtype=torch.bool)
+    if torch.is_grad_enabled() and (query.requires_grad or key.requires_grad or value.requires_grad):
+        return _ReLAFunction.apply(query, key, value, key_padding_mask, scaling, sliding_window, block_size)
+    q_scaled, key_c, value_c = _prepare(query, key, value, key_padding_mask, scaling)
+    return _forward(q_scaled, key_c, value_c, sliding_window, block_size)[0].to(query.dtype)
