@@ -1,0 +1,226 @@
+"""sliced_relu and rela inside real transformers encoders: masks, persistence, peft, errors."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+import torch
+from peft import LoraConfig, get_peft_model
+from transformers import AutoConfig, AutoModel, AutoModelForSequenceClassification, GPT2Config, GPT2Model
+
+import hf_sliced_attn
+from hf_sliced_attn.attention import LAYER_MODE_ATTR
+
+from .tiny_models import MODEL_TYPES, VOCAB, tiny_config
+
+MECHANISMS = ["sliced_relu", "rela"]
+MODULE = {"sliced_relu": "sliced_projection", "rela": "rela_norm"}
+
+
+def attention_modules(model):
+    return [m for m in model.modules() if hasattr(m, LAYER_MODE_ATTR)]
+
+
+@pytest.fixture
+def vanilla_dir(tmp_path_factory, request):
+    """A randomly initialised softmax checkpoint of the requested architecture."""
+    model_type = request.param
+    torch.manual_seed(0)
+    path = tmp_path_factory.mktemp(model_type)
+    AutoModelForSequenceClassification.from_config(tiny_config(model_type)).save_pretrained(path)
+    return path
+
+
+def tokens(batch: int, length: int, seed: int = 0) -> torch.Tensor:
+    return torch.randint(3, VOCAB, (batch, length), generator=torch.Generator().manual_seed(seed))
+
+
+@pytest.mark.parametrize("mechanism", MECHANISMS)
+@pytest.mark.parametrize("vanilla_dir", MODEL_TYPES, indirect=True)
+def test_padding_invariance(vanilla_dir, mechanism):
+    model = AutoModel.from_pretrained(vanilla_dir, attn_implementation=mechanism).eval()
+    lengths = [19, 7, 13]
+    ids = tokens(3, 19)
+    mask = torch.zeros(3, 19, dtype=torch.long)
+    for row, length in enumerate(lengths):
+        mask[row, :length] = 1
+    with torch.no_grad():
+        batched = model(input_ids=ids, attention_mask=mask).last_hidden_state
+        for row, length in enumerate(lengths):
+            alone = model(input_ids=ids[row : row + 1, :length]).last_hidden_state
+            torch.testing.assert_close(batched[row : row + 1, :length], alone, atol=1e-5, rtol=1e-5)
+            # Appending padding to a single sequence changes none of its real tokens.
+            padded = model(input_ids=ids[row : row + 1], attention_mask=mask[row : row + 1]).last_hidden_state
+            torch.testing.assert_close(padded[:, :length], alone, atol=1e-5, rtol=1e-5)
+        fully_padded = model(input_ids=ids[:1], attention_mask=torch.zeros(1, 19, dtype=torch.long)).last_hidden_state
+    assert torch.isfinite(fully_padded).all()
+
+
+@pytest.mark.parametrize("mechanism", MECHANISMS)
+@pytest.mark.parametrize("vanilla_dir", MODEL_TYPES, indirect=True)
+def test_convert_save_load_round_trip(vanilla_dir, mechanism, tmp_path):
+    vanilla = AutoModelForSequenceClassification.from_pretrained(vanilla_dir)
+    converted = AutoModelForSequenceClassification.from_pretrained(vanilla_dir, attn_implementation=mechanism).eval()
+    assert converted.config._attn_implementation == mechanism
+
+    # The original weights are kept, and the new modules are initialised (not left as empty memory).
+    vanilla_state = vanilla.state_dict()
+    for name, tensor in converted.state_dict().items():
+        if name in vanilla_state:
+            torch.testing.assert_close(tensor, vanilla_state[name], rtol=0, atol=0)
+    new_modules = [getattr(m, MODULE[mechanism]) for m in attention_modules(converted) if hasattr(m, MODULE[mechanism])]
+    assert new_modules
+    for module in new_modules:
+        if mechanism == "sliced_relu":
+            expected_std = module.head_dim**-0.5
+            assert 0.5 * expected_std < module.directions.std().item() < 1.5 * expected_std
+        else:
+            torch.testing.assert_close(module.scale, torch.ones_like(module.scale))
+            assert 0.005 < module.gate.std().item() < 0.05
+
+    converted.save_pretrained(tmp_path)
+    reloaded, info = AutoModelForSequenceClassification.from_pretrained(tmp_path, output_loading_info=True)
+    assert not info["missing_keys"] and not info["unexpected_keys"] and not info["mismatched_keys"]
+    assert reloaded.config._attn_implementation == mechanism
+    ids, mask = tokens(2, 11), torch.ones(2, 11, dtype=torch.long)
+    mask[1, 6:] = 0
+    with torch.no_grad():
+        torch.testing.assert_close(
+            reloaded.eval()(input_ids=ids, attention_mask=mask).logits,
+            converted(input_ids=ids, attention_mask=mask).logits, rtol=0, atol=0,
+        )
+        softmax_logits = vanilla.eval()(input_ids=ids, attention_mask=mask).logits
+    assert not torch.allclose(softmax_logits, reloaded(input_ids=ids, attention_mask=mask).logits)
+
+
+@pytest.mark.parametrize("mechanism", MECHANISMS)
+@pytest.mark.parametrize("vanilla_dir", ["roberta", "modernbert"], indirect=True)
+def test_lora_with_modules_to_save_trains_and_merges(vanilla_dir, mechanism, tmp_path):
+    torch.manual_seed(0)
+    model = AutoModelForSequenceClassification.from_pretrained(vanilla_dir, attn_implementation=mechanism)
+    names = hf_sliced_attn.modules_to_save(model)
+    assert names == [MODULE[mechanism]]
+    peft_model = get_peft_model(
+        model,
+        LoraConfig(r=4, target_modules=hf_sliced_attn.lora_target_modules(model), modules_to_save=[*names, "classifier"]),
+    )
+    trainable = {n for n, p in peft_model.named_parameters() if p.requires_grad}
+    assert any("lora_" in n for n in trainable)
+    assert any(MODULE[mechanism] in n for n in trainable)
+    assert all("lora_" in n or MODULE[mechanism] in n or "classifier" in n for n in trainable)
+
+    ids, labels = tokens(4, 12), torch.tensor([0, 1, 0, 1])
+    optimizer = torch.optim.AdamW([p for p in peft_model.parameters() if p.requires_grad], lr=1e-2)
+    losses = []
+    for _ in range(8):
+        loss = peft_model(input_ids=ids, labels=labels).loss
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        losses.append(loss.item())
+    assert losses[-1] < losses[0]
+
+    merged = peft_model.merge_and_unload().eval()
+    trained = {n: p.detach().clone() for n, p in merged.named_parameters() if MODULE[mechanism] in n}
+    assert trained
+    merged.save_pretrained(tmp_path)
+    reloaded, info = AutoModelForSequenceClassification.from_pretrained(tmp_path, output_loading_info=True)
+    assert not info["missing_keys"] and not info["unexpected_keys"]
+    reloaded_params = dict(reloaded.named_parameters())
+    fresh = AutoModelForSequenceClassification.from_pretrained(vanilla_dir, attn_implementation=mechanism)
+    fresh_params = dict(fresh.named_parameters())
+    for name, value in trained.items():
+        torch.testing.assert_close(reloaded_params[name], value, rtol=0, atol=0)
+    assert any(not torch.equal(trained[n], fresh_params[n]) for n in trained), "the new modules did not train"
+    with torch.no_grad():
+        torch.testing.assert_close(reloaded.eval()(input_ids=ids).logits, merged(input_ids=ids).logits)
+
+
+@pytest.mark.parametrize("vanilla_dir", ["roberta"], indirect=True)
+def test_loading_without_the_plugin_refuses_instead_of_running_softmax(vanilla_dir, tmp_path):
+    AutoModel.from_pretrained(vanilla_dir, attn_implementation="sliced_relu").save_pretrained(tmp_path)
+    script = f"from transformers import AutoModel; AutoModel.from_pretrained({str(tmp_path)!r})"
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert result.returncode != 0
+    assert 'attn_implementation="sliced_relu"' in result.stderr
+
+
+@pytest.mark.parametrize("vanilla_dir", ["roberta"], indirect=True)
+def test_a_converted_model_refuses_another_attention(vanilla_dir, tmp_path):
+    model = AutoModel.from_pretrained(vanilla_dir, attn_implementation="rela")
+    model.save_pretrained(tmp_path)
+    with pytest.raises(ValueError, match="converted to 'rela'"):
+        AutoModel.from_pretrained(tmp_path, attn_implementation="sdpa")
+    with pytest.raises(ValueError, match="converted to 'rela'"):
+        model.set_attn_implementation("sdpa")
+
+
+@pytest.mark.parametrize("mechanism", MECHANISMS)
+@pytest.mark.parametrize("vanilla_dir", ["bert", "modernbert"], indirect=True)
+def test_set_attn_implementation_attaches_initialised_modules(vanilla_dir, mechanism):
+    model = AutoModel.from_pretrained(vanilla_dir).eval()
+    ids = tokens(1, 10)
+    with torch.no_grad():
+        softmax_out = model(input_ids=ids).last_hidden_state
+    model.set_attn_implementation(mechanism)
+    assert model.config.hf_sliced_attn["mechanism"] == mechanism
+    new = [getattr(m, MODULE[mechanism]) for m in attention_modules(model) if hasattr(m, MODULE[mechanism])]
+    assert new and all(torch.isfinite(p).all() for module in new for p in module.parameters())
+    with torch.no_grad():
+        out = model(input_ids=ids).last_hidden_state
+    assert torch.isfinite(out).all() and not torch.allclose(out, softmax_out)
+
+
+@pytest.mark.parametrize("vanilla_dir", ["roberta"], indirect=True)
+def test_a_model_built_without_the_modules_never_runs(vanilla_dir):
+    model = AutoModel.from_pretrained(vanilla_dir)
+    model.config._attn_implementation_internal = "sliced_relu"  # bypassing set_attn_implementation
+    with pytest.raises(RuntimeError, match="built without the modules"):
+        model(input_ids=tokens(1, 5))
+
+
+def test_unsupported_architecture_lists_the_supported_ones():
+    with pytest.raises(ValueError, match="Supported architectures: bert, roberta, xlm-roberta, modernbert"):
+        GPT2Model._from_config(GPT2Config(n_layer=1, n_embd=32, n_head=2), attn_implementation="sliced_relu")
+
+
+@pytest.mark.parametrize("vanilla_dir", ["roberta"], indirect=True)
+def test_options_are_saved_and_select_layers(vanilla_dir, tmp_path):
+    config = hf_sliced_attn.prepare_config(AutoConfig.from_pretrained(vanilla_dir), "sliced_relu", num_slices=3, layers=[0, 2])
+    model = AutoModel.from_pretrained(vanilla_dir, config=config)
+    modes = [getattr(m, LAYER_MODE_ATTR) for m in attention_modules(model)]
+    assert modes == ["sliced_relu", "softmax", "sliced_relu"]
+    assert model.encoder.layer[0].attention.self.sliced_projection.directions.shape == (4, 3, 8)
+    model.save_pretrained(tmp_path)
+    reloaded = AutoModel.from_pretrained(tmp_path)
+    assert reloaded.config.hf_sliced_attn == {"mechanism": "sliced_relu", "num_slices": 3, "layers": [0, 2]}
+    assert [getattr(m, LAYER_MODE_ATTR) for m in attention_modules(reloaded)] == modes
+
+
+@pytest.mark.parametrize(
+    "mechanism, options, message",
+    [
+        ("sliced_relu", {"layers": "local"}, "layers='local' is not valid"),
+        ("sliced_relu", {"num_slices": 0}, "num_slices=0 is not valid"),
+        ("rela", {"num_slices": 2}, r"Unknown option\(s\) \['num_slices'\] for 'rela'"),
+        ("softmax", {}, r"valid ones are \['sliced_relu', 'rela'\]"),
+    ],
+)
+def test_bad_options_are_refused(mechanism, options, message):
+    with pytest.raises(ValueError, match=message):
+        hf_sliced_attn.prepare_config(tiny_config("bert"), mechanism, **options)
+
+
+def test_layer_indices_out_of_range_are_refused():
+    config = hf_sliced_attn.prepare_config(tiny_config("bert"), "rela", layers=[5])
+    with pytest.raises(ValueError, match="the model has 3 layers"):
+        AutoModel.from_config(config)
+
+
+def test_decoders_are_refused():
+    config = tiny_config("bert")
+    config.is_decoder = True
+    with pytest.raises(ValueError, match="is for encoders"):
+        AutoModel.from_config(config, attn_implementation="rela")
