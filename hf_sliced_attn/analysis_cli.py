@@ -1,0 +1,56 @@
+"""``hf-sliced-attn analyze``: the ReLA sparsity analysis (:mod:`hf_sliced_attn.analysis`) from the shell.
+
+    hf-sliced-attn analyze MODEL --text FILE [--output DIR] [--max-length N] [--batch-size B]
+
+MODEL is a ReLA checkpoint (a path or a hub id, with its tokenizer); FILE holds one text per
+line (blank lines are skipped). Prints the markdown table and writes ``analysis.json`` and
+``heatmap.png`` (sparsity and null rate, layers × heads) into DIR.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from transformers import AutoConfig, AutoModel, AutoTokenizer
+
+from .analysis import analyze_rela, check_rela_config
+
+JSON_NAME = "analysis.json"
+HEATMAP_NAME = "heatmap.png"
+
+
+def add_analyze_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    """Add the ``analyze`` subcommand to ``subparsers``; its handler is set as ``func``."""
+    parser = subparsers.add_parser(
+        "analyze",
+        help="Measure a ReLA model's attention sparsity, null-attention rate and head diversity.",
+        description=__doc__.split("\n\n")[0],
+    )
+    parser.add_argument("model", help="path or hub id of a model converted to ReLA (with its tokenizer)")
+    parser.add_argument("--text", required=True, type=Path, help="text file, one text per line")
+    parser.add_argument("--output", type=Path, default=Path("rela-analysis"),
+                        help=f"directory for {JSON_NAME} and {HEATMAP_NAME} (default: ./rela-analysis)")
+    parser.add_argument("--max-length", type=int, default=512, help="truncate texts to N tokens (default: 512)")
+    parser.add_argument("--batch-size", type=int, default=8, help="texts per forward pass (default: 8)")
+    parser.set_defaults(func=run_analyze)
+    return parser
+
+
+def run_analyze(args: argparse.Namespace) -> int:
+    """Run the analysis described by ``args``; exits with a message if the model is not ReLA."""
+    texts = [line.strip() for line in args.text.read_text().splitlines() if line.strip()]
+    if not texts:
+        raise SystemExit(f"hf-sliced-attn analyze: {args.text} has no text (one text per line).")
+    try:
+        check_rela_config(AutoConfig.from_pretrained(args.model))
+    except ValueError as error:
+        raise SystemExit(f"hf-sliced-attn analyze: {error}") from None
+    model = AutoModel.from_pretrained(args.model)
+    tokenizer = AutoTokenizer.from_pretrained(args.model)
+    result = analyze_rela(model, tokenizer, texts, batch_size=args.batch_size, max_length=args.max_length)
+    print(result.to_markdown())
+    json_path = result.to_json(args.output / JSON_NAME)
+    heatmap_path = result.plot_heatmap(args.output / HEATMAP_NAME)
+    print(f"Wrote {json_path} and {heatmap_path}")
+    return 0
