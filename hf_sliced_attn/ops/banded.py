@@ -1,0 +1,201 @@
+"""Sliding-window (banded) attention ops in O(T * w) time and memory.
+
+ModernBERT's local layers let query i see key j only when |i - j| <= w - 1, with
+w = ``sliding_window``. The ops here never build the (T, T) pair matrix. The T queries
+are cut into ``nb = ceil(T / block)`` blocks of ``block`` queries; block n holds the
+queries ``n * block + r`` (r < block), and every key any of them can see lies in the
+band of ``L = block + 2 (w - 1)`` positions starting at ``n * block - (w - 1)``. The band
+of every block is gathered at once with padding + :meth:`torch.Tensor.unfold` (a view),
+so each op is a few batched tensor ops on (..., nb, block, L) tensors, with no Python
+loop over blocks. Query r of a block and band position l of the same block are the pair
+(i, j) = (n * block + r, n * block - (w - 1) + l); it is valid when
+
+    0 <= l - r <= 2 (w - 1)          (the window: |i - j| <= w - 1),
+    0 <= j < T                        (the sequence ends),
+    key_padding_mask[b, j]            (a real key).
+
+Pairs and gathered bands number B * H * nb * block * L = O(T * w) per head (and slice),
+and the gathered values B * H * nb * L * D = O(T * D * (1 + 2 (w - 1) / block)).
+
+Ops (self-attention only: queries and keys share the length T):
+
+* :func:`windowed_sliced_relu`, the sliced ReLU kernel (arXiv 2512.11411) in the window.
+  With s the query scalars and t the key scalars of one head and slice,
+
+      out_i = sum_j ReLU(s_i - t_j) (v_j - vbar_i) / sum_l |s_i - t_l|,
+
+  j and l over the valid keys of i's window, vbar_i their mean value; a zero denominator
+  gives 0. With M slices the outputs are averaged, computed as one product:
+  out_i = sum_j W_ij v_j - (sum_j W_ij) vbar_i with W_ij = mean_m ReLU(s_mi - t_mj) / den_mi.
+  Shapes: scalars (B, H, T) or (B, H, M, T), value (B, H, T, D) -> (B, H, T, D).
+* :func:`windowed_softmax`, softmax(q k^T * scaling) v over the valid keys of the window;
+  a query with no valid key gives 0. Shapes: (B, H, T, D) each -> (B, H, T, D).
+
+``key_padding_mask`` is (B, T), True for a real token. float16 / bfloat16 inputs are
+computed in float32 and returned in their dtype; float32 and float64 are computed as is.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+__all__ = ["windowed_sliced_relu", "windowed_softmax"]
+
+
+def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
+
+
+def _band(x: torch.Tensor, block: int, halo: int, dim: int) -> torch.Tensor:
+    """Key bands of every query block along ``dim`` (size T) of ``x``.
+
+    Pads ``dim`` with ``halo`` zeros (False for bool) in front and up to
+    ``nb * block + halo`` behind, then unfolds it: ``dim`` becomes the two dims
+    (nb, L = block + 2 halo), band n being positions [n * block - halo, n * block + block + halo).
+    A view of the padded tensor.
+    """
+    dim = dim % x.dim()
+    length = x.shape[dim]
+    n_blocks = -(-length // block)
+    pad = [0, 0] * (x.dim() - 1 - dim) + [halo, n_blocks * block - length + halo]
+    padded = F.pad(x, pad) if x.dtype != torch.bool else F.pad(x.to(torch.uint8), pad).bool()
+    return padded.unfold(dim, block + 2 * halo, block).movedim(-1, dim + 1)
+
+
+def _blocks(x: torch.Tensor, block: int, dim: int) -> torch.Tensor:
+    """Split ``dim`` (size T) of ``x`` into (nb, block), zero-padding T up to nb * block."""
+    return _band(x, block, 0, dim)
+
+
+def _valid_pairs(
+    key_padding_mask: torch.Tensor | None, batch: int, length: int, window: int, block: int,
+    device: torch.device,
+) -> torch.Tensor:
+    """(B or 1, nb, block, L) bool: True where query r of block n may see band position l."""
+    halo = window - 1
+    keys = torch.ones(1, length, dtype=torch.bool, device=device)
+    if key_padding_mask is not None:
+        keys = key_padding_mask.bool()
+    key_ok = _band(keys, block, halo, dim=1)  # (B, nb, L); False outside [0, T)
+    offset = torch.arange(block + 2 * halo, device=device)[None, :] - torch.arange(block, device=device)[:, None]
+    in_window = (offset >= 0) & (offset <= 2 * halo)  # (block, L)
+    return key_ok[:, :, None, :] & in_window
+
+
+def _check(
+    q_len: int, k_len: int, value: torch.Tensor, key_padding_mask: torch.Tensor | None,
+    sliding_window: int, block: int | None,
+) -> int:
+    """Validate the arguments both ops share; return the block size."""
+    if isinstance(sliding_window, bool) or not isinstance(sliding_window, int) or sliding_window < 1:
+        raise ValueError(f"sliding_window must be an int >= 1, got {sliding_window!r}")
+    block = sliding_window if block is None else block
+    if isinstance(block, bool) or not isinstance(block, int) or block < 1:
+        raise ValueError(f"block must be an int >= 1, got {block!r}")
+    if q_len != k_len:
+        raise ValueError(
+            f"queries and keys must have the same length (self-attention only), got Tq={q_len}, Tk={k_len}"
+        )
+    if value.dim() != 4 or value.shape[2] != k_len:
+        raise ValueError(f"value must be (B, H, T, D) with T={k_len}, got {tuple(value.shape)}")
+    if key_padding_mask is not None and tuple(key_padding_mask.shape) != (value.shape[0], k_len):
+        raise ValueError(
+            f"key_padding_mask must be (B, T) = {(value.shape[0], k_len)}, got {tuple(key_padding_mask.shape)}"
+        )
+    return block
+
+
+def windowed_sliced_relu(
+    query_scalars: torch.Tensor,
+    key_scalars: torch.Tensor,
+    value: torch.Tensor,
+    key_padding_mask: torch.Tensor | None = None,
+    *,
+    sliding_window: int,
+    block: int | None = None,
+) -> torch.Tensor:
+    """Sliced ReLU attention restricted to |i - j| <= sliding_window - 1 (see the module doc).
+
+    query_scalars, key_scalars: (B, H, T) or (B, H, M, T); value (B, H, T, D);
+    key_padding_mask (B, T) bool, True = real. ``block`` (default ``sliding_window``) is
+    the query block size. Returns (B, H, T, D) in value's dtype.
+    """
+    if query_scalars.dim() != key_scalars.dim() or query_scalars.dim() not in (3, 4):
+        raise ValueError(
+            "query_scalars and key_scalars must both be (B, H, T) or (B, H, M, T), "
+            f"got {tuple(query_scalars.shape)} and {tuple(key_scalars.shape)}"
+        )
+    block = _check(query_scalars.shape[-1], key_scalars.shape[-1], value, key_padding_mask, sliding_window, block)
+    if query_scalars.dim() == 3:
+        query_scalars, key_scalars = query_scalars.unsqueeze(2), key_scalars.unsqueeze(2)
+    batch, heads, length, _ = value.shape
+    if query_scalars.shape != key_scalars.shape or query_scalars.shape[:2] != (batch, heads) or \
+            query_scalars.shape[-1] != length:
+        raise ValueError(
+            f"scalars {tuple(query_scalars.shape)} / {tuple(key_scalars.shape)} do not match "
+            f"value (B, H, T, D) = {tuple(value.shape)}"
+        )
+    dtype = _compute_dtype(value.dtype)
+    halo = sliding_window - 1
+    s = _blocks(query_scalars.to(dtype), block, dim=-1)  # (B, H, M, nb, block)
+    t = _band(key_scalars.to(dtype), block, halo, dim=-1)  # (B, H, M, nb, L)
+    v = _band(value.to(dtype), block, halo, dim=2)  # (B, H, nb, L, D)
+    valid = _valid_pairs(key_padding_mask, batch, length, sliding_window, block, value.device)
+    valid = valid[:, None, None]  # (B, 1, 1, nb, block, L)
+
+    diff = torch.where(valid, s[..., :, None] - t[..., None, :], 0.0)  # (B, H, M, nb, block, L)
+    relu = diff.clamp_min(0)
+    # sum_l |d_l| = 2 sum_l ReLU(d_l) - sum_l d_l, without a third pair-sized tensor.
+    denominator = 2 * relu.sum(-1, keepdim=True) - diff.sum(-1, keepdim=True)  # (B, H, M, nb, block, 1)
+    inverse = torch.where(denominator > 0, denominator.clamp_min(torch.finfo(dtype).tiny).reciprocal(), 0.0)
+    weights = (relu * inverse).mean(2)  # (B, H, nb, block, L)
+
+    valid = valid[:, :, 0].to(dtype)  # (B, 1, nb, block, L)
+    vbar = (valid @ v) / valid.sum(-1, keepdim=True).clamp_min(1)  # (B, H, nb, block, D)
+    out = weights @ v - weights.sum(-1, keepdim=True) * vbar  # (B, H, nb, block, D)
+    return out.flatten(2, 3)[:, :, :length].to(value.dtype)
+
+
+def windowed_softmax(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    key_padding_mask: torch.Tensor | None = None,
+    *,
+    scaling: float | None = None,
+    sliding_window: int,
+    block: int | None = None,
+) -> torch.Tensor:
+    """Softmax attention restricted to |i - j| <= sliding_window - 1 (see the module doc).
+
+    query, key, value: (B, H, T, D); key_padding_mask (B, T) bool, True = real; scaling
+    defaults to D^-1/2; ``block`` (default ``sliding_window``) is the query block size.
+    A query with no valid key gets 0. Returns (B, H, T, D) in query's dtype.
+    """
+    if query.dim() != 4 or key.dim() != 4:
+        raise ValueError(f"query and key must be (B, H, T, D), got {tuple(query.shape)} and {tuple(key.shape)}")
+    block = _check(query.shape[2], key.shape[2], value, key_padding_mask, sliding_window, block)
+    if query.shape != key.shape or key.shape[:3] != value.shape[:3]:
+        raise ValueError(
+            f"query {tuple(query.shape)}, key {tuple(key.shape)} and value {tuple(value.shape)} "
+            "must share (B, H, T) and query/key their D"
+        )
+    batch, heads, length, _ = query.shape
+    scaling = query.shape[-1] ** -0.5 if scaling is None else scaling
+    dtype = _compute_dtype(query.dtype)
+    halo = sliding_window - 1
+    # SDPA's fused CPU kernel takes 4-D inputs: the blocks go to the batch dim, (B * nb, H, ., D).
+    q = _blocks(query.to(dtype), block, dim=2).transpose(1, 2).flatten(0, 1)  # (B * nb, H, block, D)
+    k = _band(key.to(dtype), block, halo, dim=2).transpose(1, 2).flatten(0, 1)  # (B * nb, H, L, D)
+    v = _band(value.to(dtype), block, halo, dim=2).transpose(1, 2).flatten(0, 1)  # (B * nb, H, L, Dv)
+    valid = _valid_pairs(key_padding_mask, batch, length, sliding_window, block, query.device)
+    valid = valid.expand(batch, -1, -1, -1).flatten(0, 1)  # (B * nb, block, L)
+    has_key = valid.any(-1, keepdim=True)  # (B * nb, block, 1)
+    # A row without any valid key is unmasked (SDPA would give NaN there) and its output
+    # zeroed, so that its gradient is exactly 0 as well.
+    attend = (valid | ~has_key)[:, None]  # (B * nb, 1, block, L)
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=attend, scale=scaling)
+    out = torch.where(has_key[:, None], out, 0.0)  # (B * nb, H, block, Dv)
+    out = out.unflatten(0, (batch, -1)).transpose(1, 2)  # (B, H, nb, block, Dv)
+    return out.flatten(2, 3)[:, :, :length].to(query.dtype)

@@ -1,0 +1,215 @@
+"""Tests for :mod:`hf_sliced_attn.ops.banded` against the float64 quadratic references."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from hf_sliced_attn.ops.banded import windowed_sliced_relu, windowed_softmax
+from hf_sliced_attn.ops.naive import sliced_relu_reference, windowed_softmax_reference
+
+# (B, H, M, T, D, w, block): M None = (B, H, T) scalars; block None = the default (w).
+CASES = [
+    pytest.param(2, 3, None, 300, 8, 65, None, id="w65-T300"),
+    pytest.param(2, 2, 3, 300, 4, 65, None, id="w65-T300-M3"),
+    pytest.param(2, 2, None, 5, 4, 65, None, id="T-smaller-than-w"),
+    pytest.param(3, 2, 2, 37, 5, 3, None, id="w3-T-not-multiple"),
+    pytest.param(2, 2, None, 37, 5, 9, 8, id="w9-block8-T-not-multiple"),
+    pytest.param(2, 1, 2, 23, 3, 6, 1, id="w6-block1"),
+    pytest.param(2, 2, 2, 20, 3, 1, None, id="w1"),
+]
+
+
+def _padding_mask(batch: int, length: int, generator: torch.Generator) -> torch.Tensor:
+    """Random padding (True = real) with the last row fully padded and the first one all real."""
+    mask = torch.rand(batch, length, generator=generator) > 0.3
+    mask[0] = True
+    mask[-1] = False
+    return mask
+
+
+def _rel_err(actual: torch.Tensor, expected: torch.Tensor) -> float:
+    """max |actual - expected| / max |expected|; the absolute error when expected is ~0 (w=1)."""
+    err = (actual.double() - expected.double()).abs().max().item()
+    scale = expected.double().abs().max().item()
+    return err / scale if scale > 1e-12 else err
+
+
+@pytest.mark.parametrize("batch,heads,slices,length,dim,window,block", CASES)
+@pytest.mark.parametrize("padded", [False, True], ids=["nopad", "pad"])
+def test_windowed_sliced_relu_matches_reference(batch, heads, slices, length, dim, window, block, padded):
+    gen = torch.Generator().manual_seed(length * 31 + window)
+    shape = (batch, heads, length) if slices is None else (batch, heads, slices, length)
+    # Continuous random scalars: exact ties s_i == t_j have probability 0.
+    s = torch.randn(shape, generator=gen).requires_grad_()
+    t = torch.randn(shape, generator=gen).requires_grad_()
+    v = torch.randn(batch, heads, length, dim, generator=gen).requires_grad_()
+    mask = _padding_mask(batch, length, gen) if padded else None
+    grad_out = torch.randn(batch, heads, length, dim, generator=gen)
+
+    out = windowed_sliced_relu(s, t, v, mask, sliding_window=window, block=block)
+    grads = torch.autograd.grad(out, (s, t, v), grad_out)
+    s64, t64, v64 = (x.detach().double().requires_grad_() for x in (s, t, v))
+    ref = sliced_relu_reference(s64, t64, v64, mask, sliding_window=window)
+    ref_grads = torch.autograd.grad(ref, (s64, t64, v64), grad_out.double())
+
+    assert out.shape == (batch, heads, length, dim) and out.dtype == torch.float32
+    assert _rel_err(out, ref) <= 1e-5
+    for name, g, rg in zip("stv", grads, ref_grads):
+        assert torch.isfinite(g).all(), name
+        assert _rel_err(g, rg) <= 1e-4, name
+    if padded:
+        assert (out[-1] == 0).all()
+
+
+@pytest.mark.parametrize("batch,heads,slices,length,dim,window,block", CASES)
+@pytest.mark.parametrize("padded", [False, True], ids=["nopad", "pad"])
+def test_windowed_softmax_matches_reference(batch, heads, slices, length, dim, window, block, padded):
+    del slices
+    gen = torch.Generator().manual_seed(length * 17 + window)
+    q, k, v = (torch.randn(batch, heads, length, dim, generator=gen).requires_grad_() for _ in range(3))
+    mask = _padding_mask(batch, length, gen) if padded else None
+    grad_out = torch.randn(batch, heads, length, dim, generator=gen)
+
+    out = windowed_softmax(q, k, v, mask, scaling=0.7, sliding_window=window, block=block)
+    grads = torch.autograd.grad(out, (q, k, v), grad_out)
+    q64, k64, v64 = (x.detach().double().requires_grad_() for x in (q, k, v))
+    ref = windowed_softmax_reference(q64, k64, v64, mask, scaling=0.7, sliding_window=window)
+    ref_grads = torch.autograd.grad(ref, (q64, k64, v64), grad_out.double())
+
+    assert out.shape == (batch, heads, length, dim) and out.dtype == torch.float32
+    assert _rel_err(out, ref) <= 1e-5
+    for name, g, rg in zip("qkv", grads, ref_grads):
+        assert torch.isfinite(g).all(), name
+        assert _rel_err(g, rg) <= 1e-4, name
+    if padded:
+        assert (out[-1] == 0).all()
+
+
+def test_default_scaling_is_inverse_sqrt_dim():
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 2, 30, 16, generator=gen) for _ in range(3))
+    ref = windowed_softmax_reference(q.double(), k.double(), v.double(), sliding_window=5)
+    assert _rel_err(windowed_softmax(q, k, v, sliding_window=5), ref) <= 1e-5
+
+
+@pytest.mark.parametrize("block", [1, 2, 7, 64])
+def test_result_does_not_depend_on_block(block):
+    gen = torch.Generator().manual_seed(block)
+    s, t = torch.randn(2, 2, 3, 50, generator=gen), torch.randn(2, 2, 3, 50, generator=gen)
+    q, k, v = (torch.randn(2, 2, 50, 6, generator=gen) for _ in range(3))
+    mask = _padding_mask(2, 50, gen)
+    base_relu = windowed_sliced_relu(s, t, v, mask, sliding_window=7)
+    base_soft = windowed_softmax(q, k, v, mask, sliding_window=7)
+    torch.testing.assert_close(windowed_sliced_relu(s, t, v, mask, sliding_window=7, block=block), base_relu)
+    torch.testing.assert_close(windowed_softmax(q, k, v, mask, sliding_window=7, block=block), base_soft)
+
+
+def test_gradcheck_float64():
+    gen = torch.Generator().manual_seed(1)
+    mask = torch.tensor([[True, True, False, True, True, False], [False] * 6])
+    s, t = (torch.randn(2, 1, 2, 6, generator=gen, dtype=torch.float64).requires_grad_() for _ in range(2))
+    q, k, v = (torch.randn(2, 1, 6, 2, generator=gen, dtype=torch.float64).requires_grad_() for _ in range(3))
+    assert torch.autograd.gradcheck(
+        lambda s, t, v: windowed_sliced_relu(s, t, v, mask, sliding_window=3, block=2), (s, t, v)
+    )
+    assert torch.autograd.gradcheck(
+        lambda q, k, v: windowed_softmax(q, k, v, mask, sliding_window=3, block=2), (q, k, v)
+    )
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_dtypes(dtype):
+    gen = torch.Generator().manual_seed(2)
+    s, t = (torch.randn(2, 2, 40, generator=gen).to(dtype) for _ in range(2))
+    q, k, v = (torch.randn(2, 2, 40, 8, generator=gen).to(dtype) for _ in range(3))
+    mask = _padding_mask(2, 40, gen)
+    out = windowed_sliced_relu(s, t, v, mask, sliding_window=9)
+    ref = sliced_relu_reference(s, t, v.double(), mask, sliding_window=9)
+    assert out.dtype == dtype and _rel_err(out, ref) <= 1e-2
+    out = windowed_softmax(q, k, v, mask, sliding_window=9)
+    ref = windowed_softmax_reference(q, k, v.double(), mask, sliding_window=9)
+    assert out.dtype == dtype and _rel_err(out, ref) <= 1e-2
+
+
+def test_zero_denominator_gives_zero():
+    # Query 0 sees keys 0 and 1 only (w=2), both with t == s: denominator 0, output 0.
+    s = torch.tensor([[[1.0, 0.0, 5.0, -2.0]]], requires_grad=True)
+    t = torch.tensor([[[1.0, 1.0, 3.0, 4.0]]], requires_grad=True)
+    v = torch.randn(1, 1, 4, 3, requires_grad=True)
+    out = windowed_sliced_relu(s, t, v, sliding_window=2)
+    ref = sliced_relu_reference(s.double(), t.double(), v.double(), sliding_window=2)
+    assert (out[0, 0, 0] == 0).all()
+    torch.testing.assert_close(out.double(), ref)
+    out.sum().backward()
+    assert all(torch.isfinite(x.grad).all() for x in (s, t, v))
+
+
+@pytest.mark.parametrize(
+    "kwargs,match",
+    [
+        ({"sliding_window": 0}, "sliding_window"),
+        ({"sliding_window": 2.0}, "sliding_window"),
+        ({"sliding_window": 3, "block": 0}, "block"),
+        ({"sliding_window": 3, "key_length": 9}, "same length"),
+        ({"sliding_window": 3, "mask": torch.ones(2, 9, dtype=torch.bool)}, "key_padding_mask"),
+    ],
+)
+def test_invalid_arguments(kwargs, match):
+    kwargs = dict(kwargs)
+    key_length = kwargs.pop("key_length", 8)
+    mask = kwargs.pop("mask", None)
+    with pytest.raises(ValueError, match=match):
+        windowed_softmax(
+            torch.randn(2, 2, 8, 4), torch.randn(2, 2, key_length, 4), torch.randn(2, 2, key_length, 4),
+            mask, **kwargs,
+        )
+    with pytest.raises(ValueError, match=match):
+        windowed_sliced_relu(
+            torch.randn(2, 2, 8), torch.randn(2, 2, key_length), torch.randn(2, 2, key_length, 4),
+            mask, **kwargs,
+        )
+
+
+class _LargestTensor(TorchDispatchMode):
+    """Records the largest numel among the outputs of every aten op run under it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.largest = 0
+        self.calls = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        self.calls += 1
+        for x in out if isinstance(out, (tuple, list)) else (out,):
+            if isinstance(x, torch.Tensor):
+                self.largest = max(self.largest, x.numel())
+        return out
+
+
+@pytest.mark.parametrize("op", ["sliced_relu", "softmax"])
+def test_memory_is_linear_in_length(op):
+    """Every tensor made in forward and backward is at most the (T_pad, L) pair band, far below T^2."""
+    batch, heads, slices, length, dim, window = 1, 2, 2, 4096, 4, 8
+    band = length * (window + 2 * (window - 1))  # T_pad * L per head (and slice); T_pad = T here
+    gen = torch.Generator().manual_seed(3)
+    if op == "sliced_relu":
+        inputs = [torch.randn(batch, heads, slices, length, generator=gen) for _ in range(2)]
+        bound = batch * heads * slices * band
+    else:
+        inputs = [torch.randn(batch, heads, length, dim, generator=gen) for _ in range(2)]
+        bound = batch * heads * band
+    inputs = [x.requires_grad_() for x in inputs + [torch.randn(batch, heads, length, dim, generator=gen)]]
+    mask = torch.rand(batch, length, generator=gen) > 0.2
+    fn = windowed_sliced_relu if op == "sliced_relu" else windowed_softmax
+
+    recorder = _LargestTensor()
+    with recorder:
+        out = fn(*inputs, mask, sliding_window=window)
+        forward_calls = recorder.calls
+        out.sum().backward()
+    assert recorder.calls > forward_calls  # the backward ops were recorded too
+    assert all(x.grad is not None for x in inputs)
+    assert 0 < recorder.largest <= bound < batch * heads * length**2 // 50
