@@ -46,20 +46,26 @@ from torch import Tensor
 __all__ = ["sliced_relu"]
 
 _SCAN_BLOCK = 64
-# D-wide work is done for as many (batch, head) rows as keep one (M, T, D) working tensor
-# under this many elements.
+# D-wide work is done for as many (batch, head) rows at a time as keep one (M, T, D)
+# working tensor under this many elements, so that it stays in cache.
 _CHUNK_ELEMENTS = 1 << 20
 
 
 def _blocked_cumsum_(x: Tensor) -> Tensor:
-    """Inclusive prefix sum of x (..., L, C) along dim -2, in place."""
+    """Inclusive prefix sum of x (..., L, C) along dim -2, in place.
+
+    Rows are added one at a time inside blocks of _SCAN_BLOCK rows (each step adding the
+    same row of every block), then every block gets the running total of the blocks before
+    it. torch.cumsum along a non-last dim is several times slower on CPU.
+    """
     length = x.shape[-2]
     n_blocks = length // _SCAN_BLOCK
     body = n_blocks * _SCAN_BLOCK
     total = None
     if n_blocks:
         blocks = x[..., :body, :].unflatten(-2, (n_blocks, _SCAN_BLOCK))
-        blocks.cumsum_(-2)
+        for row in range(1, _SCAN_BLOCK):
+            blocks[..., row, :] += blocks[..., row - 1, :]
         if n_blocks > 1:
             carries = blocks[..., :-1, -1, :].cumsum(-2)
             blocks[..., 1:, :, :] += carries.unsqueeze(-2)
@@ -77,14 +83,15 @@ def _exclusive_cumsum(x: Tensor) -> Tensor:
     return torch.nn.functional.pad(x.cumsum(-1), (1, 0))
 
 
-
 @dataclass
 class _KeyOrder:
     """Float64 scalar state of every (batch*head, slice) group; shapes (B*H, M, ·)."""
 
     s: Tensor  # centred query scalars (.., Tq)
-    t_sorted: Tensor  # centred key scalars in ascending order, padded keys last as 0 (.., Tk)
+    t: Tensor  # centred key scalars, padded keys 0 (.., Tk)
+    t_sorted: Tensor  # the same in ascending order, padded keys last (.., Tk)
     perm: Tensor  # key index at each sorted position (.., Tk)
+    q_perm: Tensor  # query indices in ascending order of s (.., Tq)
     below: Tensor  # c: number of valid keys < s (.., Tq)
     at_or_below: Tensor  # c': number of valid keys <= s (.., Tq)
     n_valid: Tensor  # (.., 1)
@@ -101,19 +108,21 @@ def _order_keys(s: Tensor, t: Tensor, valid: Tensor) -> _KeyOrder:
     n_valid = valid.sum(-1, keepdim=True).expand(batch, heads, slices, 1)
     s64, t64 = s.double(), t.double()
     centre = torch.where(valid, t64, 0.0).sum(-1, keepdim=True) / n_valid.clamp_min(1)
-    s64, t64 = s64 - centre, t64 - centre
+    s64, t64 = s64 - centre, torch.where(valid, t64 - centre, 0.0)
     t_sorted, perm = t64.masked_fill(~valid, float("inf")).sort(-1)
-    below = torch.searchsorted(t_sorted, s64)
-    at_or_below = torch.searchsorted(t_sorted, s64, right=True)
-    position = torch.arange(k_len, device=t.device)
-    t_sorted = torch.where(position < n_valid, t_sorted, 0.0)
+    # Ranking the queries in ascending order keeps the binary searches cache-friendly.
+    s_sorted, q_perm = s64.sort(-1)
+    below = torch.empty_like(q_perm).scatter_(-1, q_perm, torch.searchsorted(t_sorted, s_sorted))
+    at_or_below = torch.searchsorted(t_sorted, s_sorted, right=True)
+    at_or_below = torch.empty_like(q_perm).scatter_(-1, q_perm, at_or_below)
+    t_sorted = torch.where(torch.arange(k_len, device=t.device) < n_valid, t_sorted, 0.0)
     prefix_t = _exclusive_cumsum(t_sorted)
     relu_sum = s64 * below - prefix_t.gather(-1, below)
     above_sum = prefix_t[..., -1:] - prefix_t.gather(-1, at_or_below) - s64 * (n_valid - at_or_below)
     den = relu_sum + above_sum
     positive = den > 0
     inv = torch.where(positive, 1.0 / (slices * torch.where(positive, den, 1.0)), 0.0)
-    state = (s64, t_sorted, perm, below, at_or_below, n_valid, relu_sum, den, inv)
+    state = (s64, t64, t_sorted, perm, q_perm, below, at_or_below, n_valid, relu_sum, den, inv)
     return _KeyOrder(*(x.reshape(batch * heads, slices, -1) for x in state))
 
 
@@ -123,16 +132,33 @@ def _chunks(rows: int, per_row: int) -> list[range]:
     return [range(start, min(start + size, rows)) for start in range(0, rows, size)]
 
 
-def _key_rows(perm: Tensor, rows: range) -> Tensor:
-    """Flat row of each sorted key in a (B*H*Tk, D) view: perm (len(rows), M, Tk) -> (·,)."""
-    k_len = perm.shape[-1]
-    offsets = torch.arange(rows.start, rows.stop, device=perm.device).view(-1, 1, 1) * k_len
-    return (perm + offsets).view(-1)
+def _flat_rows(index: Tensor, rows: range) -> Tensor:
+    """index (len(rows), M, L) into each (batch, head) row -> rows of a flat (B*H*L, D) view."""
+    length = index.shape[-1]
+    offsets = torch.arange(rows.start, rows.stop, device=index.device).view(-1, 1, 1) * length
+    return (index + offsets).view(-1)
 
 
 def _group_offsets(rows: range, slices: int, length: int, device: torch.device) -> Tensor:
     """(len(rows), M, 1) offsets of each group of a chunk in a flat (groups*length, ·) view."""
     return torch.arange(len(rows) * slices, device=device).view(len(rows), slices, 1) * length
+
+
+def _centred_values(v: Tensor, valid: Tensor, padded: bool, work: torch.dtype) -> tuple[Tensor, Tensor]:
+    """u = v - vbar over the valid keys (padded rows 0), and the mean that u keeps from
+    rounding (about 1e-8 in fp32), (B*H, D). torch's cascade sum is accurate enough for it.
+    """
+    batch, heads, k_len, dim = v.shape
+    valid_rows = valid.view(batch, 1, k_len, 1)
+    n_valid = valid.sum(-1).view(batch, 1, 1).clamp_min(1)
+    v = v.to(work)
+    if padded:
+        v = v.masked_fill(~valid_rows, 0)
+    u = v - (v.sum(-2) / n_valid).unsqueeze(-2)
+    if padded:
+        u.masked_fill_(~valid_rows, 0)
+    residual = u.sum(-2).double() / n_valid
+    return u, residual.to(work).view(batch * heads, dim)
 
 
 def _prefix_at_queries(u_flat: Tensor, order: _KeyOrder, t_sorted: Tensor, rows: range) -> Tensor:
@@ -143,7 +169,7 @@ def _prefix_at_queries(u_flat: Tensor, order: _KeyOrder, t_sorted: Tensor, rows:
     # Row 0 of each half is the empty prefix; row 1 + g*Tk + k the prefix through key k.
     prefix = torch.empty(2, groups * k_len + 1, dim, dtype=u_flat.dtype, device=u_flat.device)
     prefix[:, 0] = 0
-    torch.index_select(u_flat, 0, _key_rows(order.perm[rows.start:rows.stop], rows), out=prefix[0, 1:])
+    torch.index_select(u_flat, 0, _flat_rows(order.perm[rows.start:rows.stop], rows), out=prefix[0, 1:])
     torch.mul(prefix[0, 1:], t_sorted[rows.start:rows.stop].reshape(-1, 1), out=prefix[1, 1:])
     _blocked_cumsum_(prefix[:, 1:].unflatten(1, (groups, k_len)))
     below = order.below[rows.start:rows.stop]
@@ -151,28 +177,17 @@ def _prefix_at_queries(u_flat: Tensor, order: _KeyOrder, t_sorted: Tensor, rows:
     return prefix.index_select(1, query_rows.view(-1)).view(2, len(rows), slices, q_len, dim)
 
 
-def _centred_values(v: Tensor, valid: Tensor, work: torch.dtype) -> tuple[Tensor, Tensor]:
-    """u = v - vbar over the valid keys (padded rows 0), and u's fp residual mean (B*H, D)."""
-    batch, heads, k_len, dim = v.shape
-    valid_rows = valid.view(batch, 1, k_len, 1)
-    n_valid = valid.sum(-1).view(batch, 1, 1).clamp_min(1)
-    v = v.to(work)
-    v_sum = v.masked_fill(~valid_rows, 0).sum(-2, dtype=torch.float64)
-    u = (v - (v_sum / n_valid).to(work).unsqueeze(-2)).masked_fill_(~valid_rows, 0)
-    residual = u.sum(-2, dtype=torch.float64) / n_valid
-    return u, residual.to(work).view(batch * heads, dim)
-
-
 def _forward(
-    s: Tensor, t: Tensor, v: Tensor, valid: Tensor, work: torch.dtype
+    s: Tensor, t: Tensor, v: Tensor, valid: Tensor, padded: bool, work: torch.dtype
 ) -> tuple[Tensor, _KeyOrder, Tensor, Tensor, list[Tensor]]:
     """out (B*H, Tq, D) in `work`, the scalar state, u, its residual mean and P at the queries."""
     order = _order_keys(s, t, valid)
-    u, residual = _centred_values(v, valid, work)
+    u, residual = _centred_values(v, valid, padded, work)
     rows_total, slices, q_len = order.s.shape
     dim = v.shape[-1]
     u_flat = u.view(-1, dim)
     t_sorted = order.t_sorted.to(work)
+    # out = sum_m (s P_u[c] - P_tu[c] - relu_sum * residual) / (M den)
     coef_u = (order.s * order.inv).to(work).unsqueeze(-1)  # (B*H, M, Tq, 1)
     coef_tu = order.inv.to(work).unsqueeze(-1)
     coef_r = (order.relu_sum * order.inv).sum(1).to(work).unsqueeze(-1)  # (B*H, Tq, 1)
@@ -193,57 +208,62 @@ def _forward(
 
 
 def _key_gradients(
-    grad: Tensor, u_flat: Tensor, order: _KeyOrder, t_sorted: Tensor, rows: range
-) -> tuple[Tensor, Tensor]:
-    """For a chunk: dL/du (len(rows), Tk, D) in key order, and -u_k . S_w(k) (len(rows), M, Tk)
-    in sorted key order, where S_w(k) = sum over queries above key k of g_i / (M den_i)."""
+    grad_flat: Tensor, u: Tensor, order: _KeyOrder, above_count: Tensor, rows: range,
+    du: Tensor, dt_part: Tensor,
+) -> None:
+    """For a chunk of rows, write dL/du_j = S_sw(j) - t_j S_w(j) into du (B*H, Tk, D) and
+    -u_j . S_w(j) into dt_part (B*H, M, Tk), both in key order.
+
+    S_w(j) sums w_i = g_i / (M den_i) and S_sw(j) sums s_i w_i over the queries above key j:
+    prefix sums over the queries in descending order of s, read at above_count (B*H, M, Tk).
+    """
     lo, hi = rows.start, rows.stop
-    slices, k_len = order.perm.shape[1:]
-    q_len, dim = grad.shape[-2:]
+    slices, q_len = order.s.shape[1:]
+    k_len, dim = u.shape[-2:]
     groups = len(rows) * slices
-    g = grad[lo:hi].unsqueeze(1)  # (rows, 1, Tq, D)
-    weighted = torch.empty(2, len(rows), slices, q_len, dim, dtype=grad.dtype, device=grad.device)
-    torch.mul(g, order.inv[lo:hi].to(grad.dtype).unsqueeze(-1), out=weighted[0])
-    torch.mul(g, (order.s[lo:hi] * order.inv[lo:hi]).to(grad.dtype).unsqueeze(-1), out=weighted[1])
-    # Bin each query of rank c >= 1 at reversed position Tk - c of its group (rank 0 to the
-    # dump row 0): a prefix sum over reversed positions is then the suffix sum over ranks,
-    # and reversed position p holds the sums over the queries above sorted key Tk - 1 - p.
-    below = order.below[lo:hi]
-    offsets = _group_offsets(rows, slices, k_len, below.device)
-    bin_rows = torch.where(below > 0, 1 + offsets + k_len - below, 0).view(-1)
-    bins = torch.zeros(2, groups * k_len + 1, dim, dtype=grad.dtype, device=grad.device)
-    bins.index_add_(1, bin_rows, weighted.view(2, -1, dim))
-    above = _blocked_cumsum_(bins[:, 1:].unflatten(1, (groups, k_len)))  # (2, groups, Tk, D)
-    t_reversed = t_sorted[lo:hi].flip(-1).reshape(groups, k_len, 1)
-    du_reversed = torch.addcmul(above[1], above[0], t_reversed, value=-1).view(-1, dim)
-    perm_reversed = order.perm[lo:hi].flip(-1)
-    u_reversed = u_flat.index_select(0, _key_rows(perm_reversed, rows)).view(groups, k_len, dim)
-    dt_part = -torch.linalg.vecdot(u_reversed, above[0]).view(len(rows), slices, k_len).flip(-1)
-    # Back to key order: key j sits at reversed position p where perm_reversed[p] = j.
-    position = torch.arange(k_len, device=below.device).expand_as(perm_reversed)
-    reversed_at_key = torch.empty_like(perm_reversed).scatter_(-1, perm_reversed, position)
-    du = du_reversed.index_select(0, (reversed_at_key + offsets).view(-1))
-    du = du.view(len(rows), slices, k_len, dim)
-    return (du[:, 0] if slices == 1 else du.sum(1)), dt_part
+    descending = order.q_perm[lo:hi].flip(-1)
+    inv = order.inv[lo:hi].gather(-1, descending)
+    # Row 0 of each half is the empty sum; row 1 + g*Tq + p the sum over the top p+1 queries.
+    acc = torch.empty(2, groups * q_len + 1, dim, dtype=u.dtype, device=u.device)
+    acc[:, 0] = 0
+    torch.index_select(grad_flat, 0, _flat_rows(descending, rows), out=acc[1, 1:])
+    torch.mul(acc[1, 1:], inv.to(u.dtype).view(-1, 1), out=acc[0, 1:])
+    acc[1, 1:].mul_((order.s[lo:hi].gather(-1, descending) * inv).to(u.dtype).view(-1, 1))
+    _blocked_cumsum_(acc[:, 1:].unflatten(1, (groups, q_len)))
+    count = above_count[lo:hi]
+    key_rows = torch.where(count > 0, _group_offsets(rows, slices, q_len, count.device) + count, 0)
+    at_keys = acc.index_select(1, key_rows.view(-1)).view(2, len(rows), slices, k_len, dim)
+    t_keys = order.t[lo:hi].to(u.dtype).unsqueeze(-1)
+    du_rows = du[lo:hi]
+    torch.addcmul(at_keys[1, :, 0], at_keys[0, :, 0], t_keys[:, 0], value=-1, out=du_rows)
+    for m in range(1, slices):
+        du_rows += at_keys[1, :, m]
+        du_rows.addcmul_(at_keys[0, :, m], t_keys[:, m], value=-1)
+    torch.neg(torch.einsum("cmkd,ckd->cmk", at_keys[0], u[lo:hi]), out=dt_part[lo:hi])
 
 
 def _backward(
-    grad: Tensor, order: _KeyOrder, u: Tensor, residual: Tensor, at_queries: list[Tensor], valid: Tensor
+    grad: Tensor, order: _KeyOrder, u: Tensor, residual: Tensor, at_queries: list[Tensor], valid: Tensor,
+    padded: bool,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """dL/ds (B*H, M, Tq), dL/dt (B*H, M, Tk) in float64 and dL/dv (B, H, Tk, D) in u's dtype."""
     rows_total, slices, q_len = order.s.shape
     batch, heads, k_len, dim = u.shape
     grad = grad.reshape(rows_total, q_len, dim).to(u.dtype).contiguous()
-    u_flat = u.view(-1, dim)
-    t_sorted = order.t_sorted.to(u.dtype)
+    u = u.view(rows_total, k_len, dim)
+    # Number of queries above the key at each sorted position, then in key order.
+    by_rank = torch.zeros(rows_total, slices, k_len + 1, dtype=torch.long, device=u.device)
+    by_rank.scatter_add_(-1, order.below, torch.ones_like(order.below))
+    above_count = torch.empty_like(order.perm).scatter_(-1, order.perm, q_len - by_rank.cumsum(-1)[..., :k_len])
+
     dots = torch.empty(2, rows_total, slices, q_len, dtype=u.dtype, device=u.device)
     dt_part = torch.empty(rows_total, slices, k_len, dtype=u.dtype, device=u.device)
     du = torch.empty(rows_total, k_len, dim, dtype=u.dtype, device=u.device)
     chunks = _chunks(rows_total, slices * max(q_len, k_len) * dim)
     for rows, at_query in zip(chunks, at_queries):
         lo, hi = rows.start, rows.stop
-        dots[:, lo:hi] = torch.linalg.vecdot(at_query, grad[lo:hi].unsqueeze(1))
-        du[lo:hi], dt_part[lo:hi] = _key_gradients(grad, u_flat, order, t_sorted, rows)
+        dots[:, lo:hi] = torch.einsum("kcmtd,ctd->kcmt", at_query, grad[lo:hi])
+        _key_gradients(grad.view(-1, dim), u, order, above_count, rows, du, dt_part)
 
     # Scalar gradients, float64. g.N_i with N_i = s P_u[c] - P_tu[c] - relu_sum * residual.
     g_dot_u, g_dot_tu = dots.double()
@@ -251,26 +271,25 @@ def _backward(
     g_num = order.s * g_dot_u - g_dot_tu - order.relu_sum * g_dot_r
     # e_i = g_i . N_i / (M den_i^2); dL/ds_i = g_i . P_u[c] / (M den_i) - e_i sum_j sign(s_i - t_j).
     e = order.inv * g_num / torch.where(order.den > 0, order.den, 1.0)
-    signs = order.below + order.at_or_below - order.n_valid
-    ds = order.inv * g_dot_u - e * signs
-    # dL/dt_k = -u_k . S_w(k) + sum_{s_i > t_k} e_i - sum_{s_i < t_k} e_i.
+    ds = order.inv * g_dot_u - e * (order.below + order.at_or_below - order.n_valid)
+    # dL/dt_k = -u_k . S_w(k) + sum_{s_i > t_k} e_i - sum_{s_i < t_k} e_i, first in sorted order.
     e_by_below = torch.zeros(rows_total, slices, k_len + 1, dtype=e.dtype, device=e.device)
     e_by_below.scatter_add_(-1, order.below, e)
     e_by_at_or_below = torch.zeros_like(e_by_below).scatter_add_(-1, order.at_or_below, e)
     e_above = e.sum(-1, keepdim=True) - e_by_below.cumsum(-1)[..., :k_len]
     e_below = e_by_at_or_below.cumsum(-1)[..., :k_len]
-    dt_sorted = dt_part.double() + e_above - e_below
     position = torch.arange(k_len, device=e.device)
-    dt_sorted = torch.where(position < order.n_valid, dt_sorted, 0.0)
-    dt = torch.empty_like(dt_sorted).scatter_(-1, order.perm, dt_sorted)
+    sign_part = torch.where(position < order.n_valid, e_above - e_below, 0.0)
+    dt = torch.empty_like(sign_part).scatter_(-1, order.perm, sign_part)
+    dt += dt_part.double()
 
-    # v enters through u = v - vbar: dL/dv = dL/du minus its mean over the valid keys.
-    valid_rows = valid.view(batch, 1, k_len, 1)
+    # v enters through u = v - vbar: dL/dv is dL/du minus its mean over the valid keys.
     n_valid = valid.sum(-1).view(batch, 1, 1).clamp_min(1)
     du = du.view(batch, heads, k_len, dim)
-    du_mean = (du.sum(-2, dtype=torch.float64) / n_valid).to(du.dtype)
-    dv = (du - du_mean.unsqueeze(-2)).masked_fill_(~valid_rows, 0)
-    return ds, dt, dv
+    du -= (du.sum(-2) / n_valid).unsqueeze(-2)
+    if padded:
+        du.masked_fill_(~valid.view(batch, 1, k_len, 1), 0)
+    return ds, dt, du
 
 
 class _SlicedReLUFunction(torch.autograd.Function):
@@ -279,18 +298,19 @@ class _SlicedReLUFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, s: Tensor, t: Tensor, v: Tensor, valid: Tensor) -> Tensor:
         work = torch.float64 if v.dtype == torch.float64 else torch.float32
-        out, order, u, residual, at_queries = _forward(s, t, v, valid, work)
+        padded = not bool(valid.all())
+        out, order, u, residual, at_queries = _forward(s, t, v, valid, padded, work)
         if any(ctx.needs_input_grad[:3]):
-            ctx.state = (order, u, residual, at_queries, valid)
+            ctx.state = (order, u, residual, at_queries, valid, padded)
             ctx.dtypes = (s.dtype, t.dtype, v.dtype)
         batch, heads = v.shape[:2]
         return out.view(batch, heads, *out.shape[1:]).to(v.dtype)
 
     @staticmethod
     def backward(ctx, grad: Tensor) -> tuple[Tensor, Tensor, Tensor, None]:
-        order, u, residual, at_queries, valid = ctx.state
+        order, u, residual, at_queries, valid, padded = ctx.state
         del ctx.state
-        ds, dt, dv = _backward(grad, order, u, residual, at_queries, valid)
+        ds, dt, dv = _backward(grad, order, u, residual, at_queries, valid, padded)
         batch, heads = dv.shape[:2]
         ds = ds.view(batch, heads, *ds.shape[1:])
         dt = dt.view(batch, heads, *dt.shape[1:])
