@@ -284,12 +284,9 @@ def load_raw_datasets(args) -> DatasetDict:
             raw = DatasetDict(train=raw["train"], validation=raw["validation"])
         # GLUE's test labels are hidden (-1): predict only on a --test_file.
     else:
-        if args.train_file:
-            files = {"train": args.train_file, "validation": args.validation_file}
-            if args.validation_mismatched_file:
-                files["validation_mismatched"] = args.validation_mismatched_file
-        else:  # no data given: the bundled SST-2-format sample (the README main job)
-            files = {"train": str(SAMPLE_DIR / "sst2" / "train.tsv"), "validation": str(SAMPLE_DIR / "sst2" / "validation.tsv")}
+        files = {"train": args.train_file, "validation": args.validation_file}
+        if args.validation_mismatched_file:
+            files["validation_mismatched"] = args.validation_mismatched_file
         raw = DatasetDict()
         for split, path in files.items():
             raw[split] = load_local_file(path)
@@ -572,6 +569,26 @@ weight_decay={args.weight_decay}, lr_scheduler={args.lr_scheduler_type}, seed={a
     return str(ModelCard(content))
 
 
+def write_model_card(args, results: dict, label_names, metric_config: str) -> None:
+    """README.md in --output_dir: the package's GLUE card for its mechanisms, else the minimal one above."""
+    on_hub = bool(args.task_name) and not args.train_file
+    try:
+        from hf_sliced_attn.hub import render_glue_card
+    except ImportError:
+        render_glue_card = None
+    if render_glue_card is not None and args.attn_implementation in getattr(hf_sliced_attn, "MECHANISMS", ()):
+        try:
+            render_glue_card(args.output_dir, base_model=args.model_name_or_path, task_name=metric_config,
+                             metrics={k: v for k, v in results.items() if k.startswith("eval_") and "samples" not in k},
+                             mechanism=args.attn_implementation,
+                             dataset_name=GLUE_HUB_DATASET if on_hub else args.train_file,
+                             model_id=args.hub_model_id)
+            return
+        except Exception as err:  # a card problem must not lose the trained model
+            logger.warning(f"render_glue_card failed ({type(err).__name__}: {err}); writing a minimal card.")
+    (Path(args.output_dir) / "README.md").write_text(render_model_card(args, results, label_names, metric_config))
+
+
 def create_hub_repo(args) -> str:
     from huggingface_hub import create_repo
 
@@ -590,6 +607,10 @@ def create_hub_repo(args) -> str:
 def train(args) -> dict:
     if args.model_name_or_path is None:
         args.model_name_or_path = default_model_path()
+    if not args.task_name and not args.train_file:  # no data given: the bundled SST-2-format sample
+        args.task_name = "sst2"
+        args.train_file = str(SAMPLE_DIR / "sst2" / "train.tsv")
+        args.validation_file = str(SAMPLE_DIR / "sst2" / "validation.tsv")
     accelerator = Accelerator(
         gradient_accumulation_steps=args.gradient_accumulation_steps,
         mixed_precision=args.mixed_precision,
@@ -709,10 +730,22 @@ def train(args) -> dict:
     progress = tqdm(range(args.max_train_steps), initial=completed_steps, disable=not accelerator.is_local_main_process)
     start = time.time()
     eval_results: dict = {}
+    evaluated_at = None  # completed_steps at the last evaluation
     epoch_loss, epoch_updates = 0.0, 0
+
+    def run_evaluation() -> dict:
+        results = {}
+        for split, dataloader in zip(eval_splits, eval_dataloaders):
+            metric = load_metric(args, metric_config, accelerator)
+            result = evaluate_split(model, dataloader, metric, accelerator, is_regression)
+            suffix = "_mm" if split == "validation_mismatched" else ""  # MNLI mismatched
+            results.update({f"eval_{k}{suffix}": v for k, v in result.items()})
+        return results
 
     # --- training loop
     for epoch in range(starting_epoch, args.num_train_epochs):
+        if completed_steps >= args.max_train_steps:  # resumed from the last update
+            break
         model.train()
         train_dataloader.set_epoch(epoch)
         epoch_loss, epoch_updates = 0.0, 0
@@ -754,12 +787,7 @@ def train(args) -> dict:
             if completed_steps >= args.max_train_steps:
                 break
 
-        eval_results = {}
-        for split, dataloader in zip(eval_splits, eval_dataloaders):
-            metric = load_metric(args, metric_config, accelerator)
-            result = evaluate_split(model, dataloader, metric, accelerator, is_regression)
-            suffix = "_mm" if split == "validation_mismatched" else ""
-            eval_results.update({f"eval_{k}{suffix}": v for k, v in result.items()})
+        eval_results, evaluated_at = run_evaluation(), completed_steps
         logger.info(f"epoch {epoch}: {eval_results}")
         if args.with_tracking:
             accelerator.log({**eval_results, "train_loss_epoch": epoch_loss / max(epoch_updates, 1), "epoch": epoch},
@@ -771,6 +799,8 @@ def train(args) -> dict:
         if completed_steps >= args.max_train_steps:
             break
     progress.close()
+    if evaluated_at != completed_steps:
+        eval_results = run_evaluation()
     if args.with_tracking:
         accelerator.end_training()
 
@@ -779,9 +809,12 @@ def train(args) -> dict:
     unwrapped = accelerator.unwrap_model(model)
     if args.lora:
         unwrapped = unwrapped.merge_and_unload()
-    unwrapped.save_pretrained(args.output_dir, is_main_process=accelerator.is_main_process, save_function=accelerator.save)
+    # get_state_dict gathers sharded (FSDP) weights; after merge_and_unload the module holds them already
+    state_dict = None if args.lora else accelerator.get_state_dict(model)
+    unwrapped.save_pretrained(args.output_dir, is_main_process=accelerator.is_main_process,
+                              save_function=accelerator.save, state_dict=state_dict)
     results = {**eval_results, "train_loss": epoch_loss / max(epoch_updates, 1), "train_steps": completed_steps,
-               "epoch": epoch if args.num_train_epochs > starting_epoch else starting_epoch,
+               "epochs": args.num_train_epochs,
                "train_runtime": round(time.time() - start, 2)}
     predictions = predict(model, test_dataloader, accelerator, is_regression) if test_dataloader is not None else None
     if accelerator.is_main_process:
@@ -795,7 +828,7 @@ def train(args) -> dict:
                 for i, p in enumerate(predictions):
                     f.write(f"{i}\t{p:.4f}\n" if is_regression else f"{i}\t{names[p]}\n")
         card_names = None if is_regression else [unwrapped.config.id2label[i] for i in range(num_labels)]
-        (Path(args.output_dir) / "README.md").write_text(render_model_card(args, results, card_names, metric_config))
+        write_model_card(args, results, card_names, metric_config)
         if args.push_to_hub:
             from huggingface_hub import upload_folder
 

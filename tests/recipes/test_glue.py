@@ -1,0 +1,354 @@
+"""Tests of recipes/glue.py on tiny BERTs built here (offline, CPU).
+
+Most runs call the recipe's ``main(argv)`` in this process (imports are the slow part);
+the multi-process run and the offline-Hub error run it as a real subprocess.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import load_file
+from scipy.stats import pearsonr, spearmanr
+from sklearn.metrics import f1_score
+
+import hf_sliced_attn
+
+REPO = Path(__file__).resolve().parents[2]
+RECIPE = REPO / "recipes" / "glue.py"
+SAMPLE = REPO / "hf_sliced_attn" / "data" / "glue_sample"
+MECHANISMS = list(hf_sliced_attn.MECHANISMS)
+TASKS = ["cola", "sst2", "mrpc", "stsb", "qqp", "mnli", "qnli", "rte", "wnli"]
+
+spec = importlib.util.spec_from_file_location("glue_recipe", RECIPE)
+glue = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(glue)
+
+# GLUE-format files of the bundled sample, per format
+DATA = {
+    "sst2": ["--train_file", str(SAMPLE / "sst2" / "train.tsv"), "--validation_file", str(SAMPLE / "sst2" / "validation.tsv")],
+    "mrpc": ["--train_file", str(SAMPLE / "mrpc" / "train.csv"), "--validation_file", str(SAMPLE / "mrpc" / "validation.csv")],
+    "stsb": ["--train_file", str(SAMPLE / "stsb" / "train.json"), "--validation_file", str(SAMPLE / "stsb" / "validation.json")],
+    "mnli": ["--train_file", str(SAMPLE / "mnli" / "train.json"),
+             "--validation_file", str(SAMPLE / "mnli" / "validation_matched.json"),
+             "--validation_mismatched_file", str(SAMPLE / "mnli" / "validation_mismatched.json")],
+}
+EXPECTED_METRICS = {
+    "sst2": {"eval_accuracy"},
+    "mrpc": {"eval_accuracy", "eval_f1"},
+    "stsb": {"eval_pearson", "eval_spearmanr"},
+    "mnli": {"eval_accuracy", "eval_accuracy_mm"},
+}
+
+
+def subprocess_env(**extra) -> dict:
+    env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", **extra)
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
+    return env
+
+
+def reset_accelerate():
+    """Each in-process run builds its own Accelerator: forget the previous run's singletons."""
+    from accelerate.state import AcceleratorState, GradientState
+
+    AcceleratorState._reset_state(True)
+    GradientState._reset_state()
+
+
+def run(argv) -> dict:
+    reset_accelerate()
+    glue.main([str(a) for a in argv])
+    out = Path(argv[argv.index("--output_dir") + 1])
+    return json.loads((out / "all_results.json").read_text())
+
+
+def make_tiny(path: Path, dropout: float = 0.0, head_labels: int | None = None) -> Path:
+    from transformers import AutoTokenizer, BertConfig, BertForSequenceClassification, BertModel
+
+    tokenizer = AutoTokenizer.from_pretrained(glue.default_model_path())
+    torch.manual_seed(0)
+    config = BertConfig(vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                        intermediate_size=64, max_position_embeddings=128, hidden_dropout_prob=dropout,
+                        attention_probs_dropout_prob=dropout)
+    if head_labels:  # a fine-tuned classifier
+        config.num_labels = head_labels
+        model = BertForSequenceClassification(config)
+    else:  # an encoder without head, like the pretrained MiniLM
+        model = BertModel(config)
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory) -> Path:
+    return make_tiny(tmp_path_factory.mktemp("tiny"))
+
+
+@pytest.fixture(scope="module")
+def tiny_dropout(tmp_path_factory) -> Path:
+    return make_tiny(tmp_path_factory.mktemp("tiny_dropout"), dropout=0.1)
+
+
+def common(model: Path, out: Path, attn: str = "sliced_relu") -> list:
+    return ["--model_name_or_path", model, "--output_dir", out, "--attn_implementation", attn,
+            "--per_device_train_batch_size", 16, "--per_device_eval_batch_size", 16, "--learning_rate", 1e-3,
+            "--seed", 1]
+
+
+def recompute(out: Path, task: str, files: dict, attn: str) -> dict:
+    """Predict the validation files with the saved model and compute the GLUE metric by hand."""
+    import pandas as pd
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    model = AutoModelForSequenceClassification.from_pretrained(out, attn_implementation=attn).eval()
+    tokenizer = AutoTokenizer.from_pretrained(out)
+    keys = {"sst2": ("sentence", None), "mrpc": ("sentence1", "sentence2"), "stsb": ("sentence1", "sentence2"),
+            "mnli": ("premise", "hypothesis")}[task]
+    results = {}
+    for suffix, path in files.items():
+        df = pd.read_csv(path, sep="\t") if path.endswith(".tsv") else (
+            pd.read_csv(path) if path.endswith(".csv") else pd.read_json(path, lines=True))
+        texts = [df[keys[0]].tolist()] + ([df[keys[1]].tolist()] if keys[1] else [])
+        with torch.no_grad():
+            logits = model(**tokenizer(*texts, padding=True, truncation=True, max_length=128, return_tensors="pt")).logits
+        labels = df["label"].to_numpy()
+        if task == "stsb":
+            preds = logits.squeeze(-1).numpy().astype(np.float64)
+            results[f"eval_pearson{suffix}"] = pearsonr(preds, labels)[0]
+            results[f"eval_spearmanr{suffix}"] = spearmanr(preds, labels)[0]
+        else:
+            preds = logits.argmax(-1).numpy()
+            results[f"eval_accuracy{suffix}"] = float((preds == labels).mean())
+            if task == "mrpc":
+                results[f"eval_f1{suffix}"] = f1_score(labels, preds)
+        results[f"eval_samples{suffix}"] = len(df)
+    return results
+
+
+# ----------------------------------------------------------------------------- end to end
+@pytest.mark.parametrize("attn", MECHANISMS)
+@pytest.mark.parametrize("task", ["sst2", "mrpc", "stsb", "mnli"])
+def test_end_to_end(task, attn, tiny, tmp_path):
+    out = tmp_path / "out"
+    results = run(common(tiny, out, attn) + DATA[task] + ["--max_train_steps", 6, "--max_train_samples", 96])
+
+    metric_keys = {k for k in results if k.startswith("eval_") and "samples" not in k}
+    assert metric_keys == EXPECTED_METRICS[task]
+    for key in metric_keys:
+        low = -1.0 if task == "stsb" else 0.0
+        assert low <= results[key] <= 1.0, (key, results[key])
+    # the metric equals a by-hand evaluation of the saved model on every validation example
+    files = {"": DATA[task][3]} | ({"_mm": DATA[task][5]} if task == "mnli" else {})
+    expected = recompute(out, task, files, attn)
+    for key, value in expected.items():
+        assert results[key] == pytest.approx(value, abs=1e-4), key
+    assert results["train_steps"] == 6
+    assert len((out / "train_log.jsonl").read_text().splitlines()) == 6
+    config = json.loads((out / "config.json").read_text())
+    assert config["attn_implementation"] == attn
+    assert config["num_labels" if "num_labels" in config else "id2label"] or True
+    assert len(config["id2label"]) == {"sst2": 2, "mrpc": 2, "stsb": 1, "mnli": 3}[task]
+    assert (out / "tokenizer.json").is_file() and (out / "README.md").is_file()
+    assert "---" in (out / "README.md").read_text()
+
+
+def test_multiprocess_counts_each_example_once(tiny, tmp_path):
+    """2 CPU processes: 101 validation examples (odd: padding duplicates would show) evaluated exactly once."""
+    out = tmp_path / "out"
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--num_processes", "2", "--cpu",
+           "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", str(RECIPE),
+           *map(str, common(tiny, out) + DATA["sst2"] + ["--max_train_steps", 3, "--max_train_samples", 64])]
+    proc = subprocess.run(cmd, env=subprocess_env(), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    results = json.loads((out / "all_results.json").read_text())
+    assert results["eval_samples"] == 101
+    hits = results["eval_accuracy"] * 101
+    assert abs(hits - round(hits)) < 1e-6  # a count out of exactly 101 examples
+    assert results["eval_accuracy"] == pytest.approx(recompute(out, "sst2", {"": DATA["sst2"][3]}, "sliced_relu")["eval_accuracy"])
+    assert "num_processes = 2" in proc.stdout + proc.stderr or "processes = 2" in proc.stdout + proc.stderr
+
+
+# ----------------------------------------------------------------------------- resume
+@pytest.mark.parametrize("resume_step", [2, 4])  # mid-epoch, and the end of epoch 0 (4 updates per epoch)
+def test_resume_matches_uninterrupted(resume_step, tiny_dropout, tmp_path):
+    args = DATA["sst2"] + ["--max_train_samples", 64, "--max_train_steps", 6, "--checkpointing_steps", 2]
+    full = run(common(tiny_dropout, tmp_path / "full") + args)
+    checkpoint = tmp_path / "full" / f"step_{resume_step}"
+    assert checkpoint.is_dir()
+    resumed = run(common(tiny_dropout, tmp_path / "resumed") + args + ["--resume_from_checkpoint", checkpoint])
+
+    for key, value in full.items():
+        if key.startswith("eval_"):
+            assert resumed[key] == pytest.approx(value, abs=1e-6), key
+    a = load_file(tmp_path / "full" / "model.safetensors")
+    b = load_file(tmp_path / "resumed" / "model.safetensors")
+    assert a.keys() == b.keys()
+    for name in a:
+        torch.testing.assert_close(b[name], a[name], rtol=0, atol=1e-6, msg=name)
+    full_log = [json.loads(l) for l in (tmp_path / "full" / "train_log.jsonl").read_text().splitlines()]
+    resumed_log = [json.loads(l) for l in (tmp_path / "resumed" / "train_log.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in resumed_log] == list(range(resume_step + 1, 7))
+    for x, y in zip(full_log[resume_step:], resumed_log):
+        assert y["loss"] == pytest.approx(x["loss"], abs=1e-6) and y["lr"] == pytest.approx(x["lr"])
+
+
+def test_resume_latest_picks_most_advanced(tiny, tmp_path):
+    out = tmp_path / "out"
+    args = common(tiny, out) + DATA["sst2"] + ["--max_train_samples", 32, "--max_train_steps", 4, "--checkpointing_steps", 1]
+    first = run(args)
+    assert glue.find_checkpoint(glue.parse_args([str(a) for a in args] + ["--resume_from_checkpoint", "latest"])).name == "step_4"
+    again = run(args + ["--resume_from_checkpoint", "latest"])  # nothing left to train: same model, same metrics
+    assert again["eval_accuracy"] == first["eval_accuracy"] and again["train_steps"] == 4
+
+
+# ----------------------------------------------------------------------------- gradient accumulation
+def test_gradient_accumulation_matches_large_batch(tiny, tmp_path):
+    base = DATA["sst2"] + ["--max_train_samples", 64, "--max_train_steps", 4, "--seed", 3,
+                           "--model_name_or_path", tiny, "--attn_implementation", "sliced_relu", "--learning_rate", 1e-3]
+    run(base + ["--output_dir", tmp_path / "big", "--per_device_train_batch_size", 32])
+    run(base + ["--output_dir", tmp_path / "acc", "--per_device_train_batch_size", 8, "--gradient_accumulation_steps", 4])
+    big = [json.loads(l) for l in (tmp_path / "big" / "train_log.jsonl").read_text().splitlines()]
+    acc = [json.loads(l) for l in (tmp_path / "acc" / "train_log.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in big] == [r["step"] for r in acc] == [1, 2, 3, 4]  # 4 updates, not 16
+    assert [r["lr"] for r in acc] == pytest.approx([r["lr"] for r in big])
+    assert [r["loss"] for r in acc] == pytest.approx([r["loss"] for r in big], rel=1e-4, abs=1e-5)
+    assert len({round(r["loss"], 6) for r in big}) > 1  # the weights do move between updates
+    a, b = load_file(tmp_path / "big" / "model.safetensors"), load_file(tmp_path / "acc" / "model.safetensors")
+    for name in a:
+        torch.testing.assert_close(b[name], a[name], rtol=1e-3, atol=1e-4, msg=name)
+
+
+# ----------------------------------------------------------------------------- LoRA
+@pytest.mark.parametrize("attn", MECHANISMS)
+def test_lora_trains_adapters_new_modules_and_head(attn, tiny, tmp_path):
+    from transformers import AutoModelForSequenceClassification
+
+    out = tmp_path / "out"
+    argv = [str(a) for a in common(tiny, out, attn) + DATA["sst2"] + ["--lora", "--max_train_steps", 3, "--max_train_samples", 48]]
+    args = glue.parse_args(argv)
+    model = glue.build_model(args, glue.build_config(args, 2, [0, 1], False))
+    new_modules = hf_sliced_attn.modules_to_save(model.get_base_model())
+    assert new_modules
+    trainable = [n for n, p in model.named_parameters() if p.requires_grad]
+    frozen = [n for n, p in model.named_parameters() if not p.requires_grad]
+    assert any("lora_A" in n for n in trainable) and any("lora_B" in n for n in trainable)
+    assert any("classifier" in n for n in trainable)
+    for module in new_modules:
+        assert any(module in n and "modules_to_save" in n for n in trainable), module
+    for name in trainable:  # nothing else: embeddings, FFN, norms, pretrained projections stay frozen
+        assert "lora_" in name or "modules_to_save" in name, name
+    assert any("word_embeddings" in n for n in frozen) and any("intermediate" in n for n in frozen)
+
+    results = run(argv)
+    assert 0.0 <= results["eval_accuracy"] <= 1.0
+    loaded, info = AutoModelForSequenceClassification.from_pretrained(out, output_loading_info=True)
+    assert not info["missing_keys"] and not info["unexpected_keys"]
+    assert not any("lora" in k or "modules_to_save" in k for k in load_file(out / "model.safetensors"))
+    assert loaded.config._attn_implementation == attn
+    # the saved (merged) model is the trained one: its accuracy is the reported one
+    assert results["eval_accuracy"] == pytest.approx(recompute(out, "sst2", {"": DATA["sst2"][3]}, attn)["eval_accuracy"])
+
+
+# ----------------------------------------------------------------------------- bad input
+def expect_error(capsys, argv, *fragments):
+    reset_accelerate()
+    with pytest.raises(SystemExit) as exc:
+        glue.main([str(a) for a in argv])
+    assert exc.value.code not in (0, None)
+    err = capsys.readouterr().err
+    for fragment in fragments:
+        assert fragment in err, (fragment, err)
+    return err
+
+
+def test_unknown_task(capsys, tmp_path):
+    expect_error(capsys, ["--task_name", "sst3", "--output_dir", tmp_path], "sst3", *TASKS)
+
+
+def test_missing_file(capsys, tiny, tmp_path):
+    missing = tmp_path / "nope.csv"
+    expect_error(capsys, common(tiny, tmp_path / "o") + ["--train_file", missing, "--validation_file", DATA["sst2"][3]],
+                 str(missing), "no such file")
+
+
+def test_wrong_columns(capsys, tiny, tmp_path):
+    bad = tmp_path / "bad.csv"
+    bad.write_text("text,target\nsome words,1\nother words,0\n")
+    err = expect_error(capsys, common(tiny, tmp_path / "o") + ["--train_file", bad, "--validation_file", bad],
+                       "text", "target", "sentence1+sentence2", "premise+hypothesis", "--text_columns")
+    assert "found columns" in err
+
+
+def test_explicit_columns_work(tiny, tmp_path):
+    data = tmp_path / "renamed.csv"
+    rows = ["review,stars"] + [f"{'great fun' if i % 2 else 'dull mess'} number {i},{i % 2}" for i in range(21)]
+    data.write_text("\n".join(rows) + "\n")
+    results = run(common(tiny, tmp_path / "o") + ["--train_file", data, "--validation_file", data, "--text_columns", "review",
+                                                 "--label_column", "stars", "--max_train_steps", 2])
+    assert results["eval_samples"] == 21
+
+
+def test_unknown_attn_implementation(capsys, tiny, tmp_path):
+    expect_error(capsys, common(tiny, tmp_path / "o", attn="flash_relu") + DATA["sst2"],
+                 "flash_relu", "sdpa", "eager", *MECHANISMS)
+
+
+def test_label_count_mismatch_with_finetuned_head(capsys, tmp_path):
+    model = make_tiny(tmp_path / "three_way", head_labels=3)
+    expect_error(capsys, common(model, tmp_path / "o") + DATA["sst2"], "3 label", "2", "--ignore_mismatched_sizes")
+
+
+def test_unknown_preset(capsys, tmp_path):
+    expect_error(capsys, ["--preset", "bert-huge-sst2", "--output_dir", tmp_path], "bert-huge-sst2", "roberta-base-sst2")
+
+
+def test_task_name_offline_says_hub_unreachable(tiny, tmp_path):
+    cmd = [sys.executable, str(RECIPE), "--task_name", "rte", *map(str, common(tiny, tmp_path / "o"))]
+    proc = subprocess.run(cmd, env=subprocess_env(HF_HOME=str(tmp_path / "hf_home")), capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode != 0
+    assert "Hub" in proc.stderr and "--train_file" in proc.stderr and "HF_HUB_OFFLINE" in proc.stderr, proc.stderr[-3000:]
+
+
+# ----------------------------------------------------------------------------- presets, metric
+def test_presets_apply_and_flags_override():
+    args = glue.parse_args(["--preset", "roberta-base-rte", "--train_file", DATA["sst2"][1], "--validation_file",
+                            DATA["sst2"][3], "--learning_rate", "3e-5"])
+    assert args.learning_rate == 3e-5  # explicit flag wins
+    assert args.per_device_train_batch_size == 16 and args.warmup_ratio == 0.06 and args.weight_decay == 0.1
+    assert args.num_train_epochs == 10 and args.adam_beta2 == 0.98
+    assert args.task_name is None  # local files: the preset's Hub task is not forced on them
+    presets = glue.load_presets()
+    assert all(p["source"] for p in presets.values())
+    assert {n.split("-base-")[1] for n in presets} <= set(TASKS)
+    modern = glue.parse_args(["--preset", "modernbert-base-cola"])
+    assert modern.task_name == "cola" and modern.model_name_or_path == "answerdotai/ModernBERT-base"
+
+
+@pytest.mark.parametrize("config_name,preds,refs,expected", [
+    ("cola", [1, 0, 1, 1], [1, 0, 0, 1], {"matthews_correlation": 0.5773502691896258}),
+    ("mrpc", [1, 0, 1, 1], [1, 0, 0, 1], {"accuracy": 0.75, "f1": 0.8}),
+    ("qqp", [0, 0, 1, 1], [1, 0, 0, 1], {"accuracy": 0.5, "f1": 0.5}),
+    ("stsb", [0.5, 1.0, 3.0, 2.5], [0.0, 1.5, 2.0, 4.0], {"pearson": 0.741665, "spearmanr": 0.8}),
+    ("mnli", [0, 1, 2, 2], [0, 1, 1, 2], {"accuracy": 0.75}),
+])
+def test_local_glue_metric(config_name, preds, refs, expected):
+    import evaluate
+
+    metric = evaluate.load(str(glue.GLUE_METRIC_DIR), config_name=config_name, keep_in_memory=True)
+    result = metric.compute(predictions=preds, references=refs)
+    assert result.keys() == expected.keys()
+    for key, value in expected.items():
+        assert result[key] == pytest.approx(value, abs=1e-4)
