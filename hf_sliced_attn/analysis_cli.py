@@ -38,14 +38,15 @@ def add_analyze_parser(subparsers: argparse._SubParsersAction) -> argparse.Argum
 
 
 def run_analyze(args: argparse.Namespace) -> int:
-    """Run the analysis described by ``args``; exits with a message if the model is not ReLA."""
+    """Run the analysis described by ``args``; returns the exit status.
+
+    Raises a ValueError (which ``hf-sliced-attn`` prints as an error) if the model is not
+    ReLA, before its weights are loaded, or if the text file holds no text.
+    """
     texts = [line.strip() for line in args.text.read_text().splitlines() if line.strip()]
     if not texts:
-        raise SystemExit(f"hf-sliced-attn analyze: {args.text} has no text (one text per line).")
-    try:
-        check_rela_config(AutoConfig.from_pretrained(args.model))
-    except ValueError as error:
-        raise SystemExit(f"hf-sliced-attn analyze: {error}") from None
+        raise ValueError(f"{args.text} has no text (one text per line).")
+    check_rela_config(AutoConfig.from_pretrained(args.model))
     model = AutoModel.from_pretrained(args.model)
     tokenizer = AutoTokenizer.from_pretrained(args.model)
     result = analyze_rela(model, tokenizer, texts, batch_size=args.batch_size, max_length=args.max_length)

@@ -197,6 +197,6 @@ def test_cli_refuses_a_softmax_model(tmp_path):
     AutoModel.from_config(config).save_pretrained(tmp_path / "model")
     text = tmp_path / "texts.txt"
     text.write_text("one text\n")
-    with pytest.raises(SystemExit, match="needs a ReLA model"):
+    with pytest.raises(ValueError, match="needs a ReLA model"):
         cli(["analyze", str(tmp_path / "model"), "--text", str(text), "--output", str(tmp_path / "out")])
     assert not (tmp_path / "out").exists()
