@@ -1,0 +1,140 @@
+"""The ``hf-sliced-attn`` command: a thin dispatcher over subcommands.
+
+    hf-sliced-attn convert --model PATH_OR_ID --attn sliced_relu --text FILE... --output DIR
+    hf-sliced-attn push DIR --repo-id USER/NAME [--dry-run]
+    hf-sliced-attn analyze MODEL --text FILE
+
+Each subcommand is an ``add_<name>_parser(subparsers)`` that sets its handler as ``func``
+(``func(args) -> exit status``). Run it under ``accelerate launch`` for several processes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Sequence
+
+from .analysis_cli import add_analyze_parser
+from .config import MECHANISMS
+from .convert import STAGE2_LOSSES, ConvertOptions, convert
+from .hub import PushError, push
+
+EXIT_ERROR = 1
+EXIT_INTERRUPTED = 130
+
+
+def _layers(value: str) -> str | list[int]:
+    """``--layers``: "global", "all" or comma-separated layer indices."""
+    if value in ("global", "all"):
+        return value
+    try:
+        return [int(part) for part in value.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r}: use 'global', 'all' or layer indices like 0,2,4") from None
+
+
+def add_convert_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    """Add ``convert``: attention transfer from a softmax checkpoint (see :mod:`hf_sliced_attn.convert`)."""
+    d = ConvertOptions.__dataclass_fields__
+    parser = subparsers.add_parser("convert", help="Convert a softmax encoder to sliced_relu or rela by attention transfer.")
+    parser.add_argument("--model", required=True, help="path or Hub id of the softmax checkpoint")
+    parser.add_argument("--attn", required=True, choices=MECHANISMS, help="the new attention")
+    parser.add_argument("--layers", type=_layers, default="global", help="global (default), all, or indices like 0,2,4")
+    parser.add_argument("--num-slices", type=int, help="sliced_relu: directions per head (default: the plugin's)")
+    parser.add_argument("--text", nargs="+", required=True,
+                        help="training text: text files (one passage per line), saved datasets or dataset names")
+    parser.add_argument("--heldout-text", nargs="+",
+                        help="held-out text for the fidelity report (default: split a part off --text)")
+    parser.add_argument("--text-column", default=d["text_column"].default, help="dataset text column (default: text)")
+    parser.add_argument("--text-split", default=d["text_split"].default, help="dataset split (default: train)")
+    parser.add_argument("--output", required=True, help="output folder")
+    parser.add_argument("--overwrite", action="store_true", help="replace an existing output folder")
+    parser.add_argument("--resume", action="store_true", help="continue an interrupted conversion in --output")
+    parser.add_argument("--adapter-only", action="store_true", help="save a peft adapter instead of merged weights")
+    parser.add_argument("--base-model-id", help="the Hub id to name in the model card when --model is a local folder")
+    for name, kind, help_ in [
+        ("steps", int, "stage 1 (attention transfer) steps"),
+        ("stage2_steps", int, "stage 2 (final hidden state distillation) steps; 0 skips it"),
+        ("lr", float, "stage 1 learning rate"),
+        ("stage2_lr", float, "stage 2 learning rate"),
+        ("warmup_steps", int, "warmup steps of each stage"),
+        ("lora_r", int, "LoRA rank"),
+        ("lora_alpha", int, "LoRA alpha"),
+        ("batch_size", int, "passages per step and process"),
+        ("max_length", int, "tokens per passage"),
+        ("checkpoint_every", int, "save a resumable checkpoint every N steps"),
+        ("seed", int, "random seed"),
+        ("heldout_fraction", float, "fraction split off --text when no --heldout-text is given"),
+    ]:
+        default = d[name].default
+        parser.add_argument(f"--{name.replace('_', '-')}", type=kind, default=default, help=f"{help_} (default: {default})")
+    parser.add_argument("--stage2-loss", choices=STAGE2_LOSSES, default=d["stage2_loss"].default,
+                        help="stage 2 loss (default: mse)")
+    parser.set_defaults(func=run_convert)
+    return parser
+
+
+def run_convert(args: argparse.Namespace) -> int:
+    options = ConvertOptions(
+        model=args.model, mechanism=args.attn, output_dir=args.output, text=args.text, heldout_text=args.heldout_text,
+        layers=args.layers, num_slices=args.num_slices, text_column=args.text_column, text_split=args.text_split,
+        heldout_fraction=args.heldout_fraction, steps=args.steps, stage2_steps=args.stage2_steps,
+        stage2_loss=args.stage2_loss, lr=args.lr, stage2_lr=args.stage2_lr, warmup_steps=args.warmup_steps,
+        lora_r=args.lora_r, lora_alpha=args.lora_alpha, batch_size=args.batch_size, max_length=args.max_length,
+        checkpoint_every=args.checkpoint_every, seed=args.seed, adapter_only=args.adapter_only,
+        overwrite=args.overwrite, resume=args.resume, base_model_id=args.base_model_id,
+    )
+    result = convert(options)
+    for note in result.notes:
+        print(f"Note: {note}.")
+    report = result.report
+    errors = report["attention_relative_error"]
+    print(f"Wrote {result.output_dir} ({report['wall_time_s']:.0f} s): attention error "
+          f"{errors['mean_before']:.3f} -> {errors['mean_after']:.3f}, embedding cosine "
+          f"{report['embedding_cosine']['after']:.4f}, pairwise Spearman {report['pairwise_spearman']['after']:.4f}")
+    return 0
+
+
+def add_push_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    """Add ``push``: check a converted folder and upload it to the Hub (see :func:`hf_sliced_attn.hub.push`)."""
+    parser = subparsers.add_parser("push", help="Check a converted folder and upload it to the Hugging Face Hub.")
+    parser.add_argument("folder", help="the folder written by `convert` (or a fine-tune with a model card)")
+    parser.add_argument("--repo-id", required=True, help="USER/NAME of the model repository")
+    parser.add_argument("--private", action="store_true", help="create the repository private")
+    parser.add_argument("--revision", help="branch to upload to (created if needed)")
+    parser.add_argument("--dry-run", action="store_true", help="check and print the files and card, upload nothing")
+    parser.add_argument("--token", help="Hugging Face token (default: the saved login or HF_TOKEN)")
+    parser.set_defaults(func=run_push)
+    return parser
+
+
+def run_push(args: argparse.Namespace) -> int:
+    push(args.folder, args.repo_id, private=args.private, revision=args.revision, dry_run=args.dry_run, token=args.token)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="hf-sliced-attn", description=__doc__.split("\n\n")[0])
+    subparsers = parser.add_subparsers(dest="command", required=True)
+    for add in (add_convert_parser, add_push_parser, add_analyze_parser):
+        add(subparsers)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line ``argv`` (default: ``sys.argv[1:]``); returns the exit status."""
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    try:
+        return args.func(args)
+    except KeyboardInterrupt:
+        print(f"hf-sliced-attn {args.command}: interrupted.", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except (ValueError, FileExistsError, FileNotFoundError, PushError) as error:
+        print(f"hf-sliced-attn {args.command}: error: {error}", file=sys.stderr)
+        return EXIT_ERROR
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,44 @@
+"""Fixtures of the conversion tests: tiny checkpoints and one finished conversion, shared per session."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from hf_sliced_attn.convert import ConvertOptions, convert
+
+from .tiny import HELDOUT_TEXT, TRAIN_TEXT, tiny_checkpoint
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """Tiny models run fastest (and most reproducibly) on one thread, above all on a busy machine."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="session")
+def tiny_roberta(tmp_path_factory):
+    return tiny_checkpoint("roberta", tmp_path_factory.mktemp("tiny-roberta"))
+
+
+@pytest.fixture(scope="session")
+def tiny_modernbert(tmp_path_factory):
+    return tiny_checkpoint("modernbert", tmp_path_factory.mktemp("tiny-modernbert"))
+
+
+def tiny_options(model, output, **overrides) -> ConvertOptions:
+    """Options for a quick conversion of a tiny model on the shipped text."""
+    settings = dict(model=str(model), mechanism="sliced_relu", output_dir=str(output), text=[TRAIN_TEXT],
+                    heldout_text=[HELDOUT_TEXT], steps=40, checkpoint_every=1000, seed=0)
+    return ConvertOptions(**{**settings, **overrides})
+
+
+@pytest.fixture(scope="session")
+def converted_roberta(tiny_roberta, tmp_path_factory):
+    """A finished sliced_relu conversion of the tiny RoBERTa (the card names a Hub base model)."""
+    torch.set_num_threads(1)
+    output = tmp_path_factory.mktemp("converted") / "tiny-roberta-sliced-relu"
+    return convert(tiny_options(tiny_roberta, output, base_model_id="FacebookAI/roberta-base"))

@@ -1,0 +1,130 @@
+"""Attention transfer end to end on tiny models: error goes down, the folder reloads, resuming is exact."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from transformers import AutoConfig, AutoModel, AutoTokenizer
+
+from hf_sliced_attn.attention import LAYER_MODE_ATTR
+from hf_sliced_attn.convert import (
+    CHECKPOINT_DIR,
+    REPORT_NAME,
+    attention_modules,
+    check_reference,
+    convert,
+    load_converted,
+    measure_fidelity,
+    split_heldout,
+)
+from hf_sliced_attn.integration import MODULE_NAMES
+
+from .conftest import tiny_options
+from .tiny import HELDOUT_TEXT
+
+
+def assert_converted_folder(output, mechanism: str) -> None:
+    model, info = AutoModel.from_pretrained(output, output_loading_info=True)
+    assert all(not info[key] for key in ("missing_keys", "unexpected_keys", "mismatched_keys")), info
+    assert model.config._attn_implementation == mechanism  # selected by config.json alone
+    converted = [m for m in attention_modules(model) if getattr(m, LAYER_MODE_ATTR) == mechanism]
+    assert converted and all(hasattr(m, MODULE_NAMES[mechanism]) for m in converted)
+    assert not (output / CHECKPOINT_DIR).exists()
+    AutoTokenizer.from_pretrained(output)
+    check_reference(output)
+
+
+@pytest.mark.parametrize(("checkpoint", "mechanism"), [("tiny_roberta", "sliced_relu"), ("tiny_modernbert", "rela"),
+                                                       ("tiny_modernbert", "sliced_relu")])
+def test_conversion_end_to_end(checkpoint, mechanism, request, tmp_path):
+    output = tmp_path / "out"
+    result = convert(tiny_options(request.getfixturevalue(checkpoint), output, mechanism=mechanism))
+    errors = result.report["attention_relative_error"]
+    assert errors["mean_after"] < errors["mean_before"]
+    assert set(errors["after"]) == {str(i) for i in result.report["converted_layers"]}
+    if checkpoint == "tiny_modernbert":
+        assert result.report["converted_layers"] == [0, 2]  # layer 1 is local and keeps softmax by default
+    assert_converted_folder(output, mechanism)
+    assert json.loads((output / REPORT_NAME).read_text()) == result.report
+    assert (output / "README.md").exists()
+
+
+def test_stage2_and_converted_loss_within_folder(converted_roberta):
+    """The session's conversion: the report holds every figure the issue asks for."""
+    report = converted_roberta.report
+    for key in ("hidden_state_cosine", "embedding_cosine", "pairwise_spearman"):
+        assert set(report[key]) == {"before", "after"} and -1.0 <= report[key]["after"] <= 1.0
+    assert report["wall_time_s"] > 0
+    assert report["heldout"]["num_texts"] == 100
+
+
+def test_adapter_only(tiny_roberta, tmp_path):
+    output = tmp_path / "adapter"
+    result = convert(tiny_options(tiny_roberta, output, steps=10, adapter_only=True))
+    assert (output / "adapter_config.json").exists() and not (output / "model.safetensors").exists()
+    assert AutoConfig.from_pretrained(output).hf_sliced_attn["mechanism"] == "sliced_relu"
+    model = load_converted(output)
+    assert model.config._attn_implementation == "sliced_relu"
+    assert check_reference(output) < 1e-5
+    assert result.report["adapter_only"]
+
+
+def _weights(folder) -> dict[str, torch.Tensor]:
+    return load_file(folder / "model.safetensors")
+
+
+@pytest.mark.parametrize("interrupt_at", [7, 10])
+def test_resume_after_interrupt_matches_uninterrupted_run(tiny_roberta, tmp_path, interrupt_at):
+    """Interrupted in stage 1 (step 7, between checkpoints) or at its end (10), then resumed."""
+    settings = dict(steps=10, stage2_steps=6, checkpoint_every=4)
+    reference = convert(tiny_options(tiny_roberta, tmp_path / "straight", **settings))
+
+    def interrupt(step, loss):
+        if step == interrupt_at:
+            raise KeyboardInterrupt
+
+    output = tmp_path / "interrupted"
+    with pytest.raises(KeyboardInterrupt):
+        convert(tiny_options(tiny_roberta, output, **settings), on_step=interrupt)
+    assert (output / CHECKPOINT_DIR / "latest").read_text() == f"step-{interrupt_at:07d}"
+    with pytest.raises(FileExistsError, match="--resume"):
+        convert(tiny_options(tiny_roberta, output, **settings))
+    with pytest.raises(ValueError, match="other options"):
+        convert(tiny_options(tiny_roberta, output, **{**settings, "lr": 5e-4}, resume=True))
+    resumed = convert(tiny_options(tiny_roberta, output, **settings, resume=True))
+
+    expected, got = _weights(tmp_path / "straight"), _weights(output)
+    assert expected.keys() == got.keys()
+    for name in expected:
+        torch.testing.assert_close(got[name], expected[name], atol=1e-6, rtol=0)
+    assert resumed.report["attention_relative_error"] == reference.report["attention_relative_error"]
+
+
+def test_resume_without_checkpoint_is_an_error(tiny_roberta, tmp_path):
+    with pytest.raises(FileNotFoundError, match="no checkpoint"):
+        convert(tiny_options(tiny_roberta, tmp_path / "nothing", resume=True))
+
+
+def test_heldout_split_is_deterministic_and_disjoint():
+    texts = [f"passage {i}" for i in range(50)]
+    train, heldout, note = split_heldout(texts, None, fraction=0.1, seed=3)
+    assert (train, heldout) == split_heldout(texts, None, fraction=0.1, seed=3)[:2]
+    assert len(heldout) == 5 and not set(train) & set(heldout) and set(train) | set(heldout) == set(texts)
+    assert "split off" in note
+    with pytest.raises(ValueError, match="also appear in the training text"):
+        split_heldout(texts, ["passage 3", "new"], fraction=0.1, seed=0)
+
+
+def test_fidelity_of_a_model_with_itself(tiny_roberta):
+    model = AutoModel.from_pretrained(tiny_roberta).eval()
+    tokenizer = AutoTokenizer.from_pretrained(tiny_roberta)
+    texts = open(HELDOUT_TEXT).read().splitlines()[:12]
+    same = measure_fidelity(model, model, tokenizer, texts, layers=[0, 1], max_length=32)
+    assert same["attention_relative_error_mean"] == 0.0
+    assert same["embedding_cosine"] == pytest.approx(1.0) and same["pairwise_spearman"] == pytest.approx(1.0)
+    other = AutoModel.from_pretrained(tiny_roberta, attn_implementation="rela").eval()
+    different = measure_fidelity(model, other, tokenizer, texts, layers=[0, 1], max_length=32)
+    assert different["attention_relative_error_mean"] > 0.1 and different["hidden_state_cosine"] < 1.0
