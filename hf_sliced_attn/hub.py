@@ -127,8 +127,10 @@ def _mechanism_fields(mechanism: str) -> dict[str, Any]:
 
 def _layers_description(options: dict[str, Any]) -> str:
     layers = options.get("layers", "global")
-    described = {"all": "in every layer", "global": "in every global-attention layer"}.get(layers)
-    text = described or f"in layers {', '.join(map(str, layers))}"
+    if isinstance(layers, list):
+        text = f"in layers {', '.join(map(str, layers))}"
+    else:
+        text = {"all": "in every layer", "global": "in every global-attention layer"}[layers]
     if "num_slices" in options:
         text += f", {options['num_slices']} slice(s) per head"
     return text

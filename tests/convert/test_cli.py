@@ -1,0 +1,65 @@
+"""The convert command line: a small run, and clear errors for bad input."""
+
+from __future__ import annotations
+
+import pytest
+from transformers import GPT2Config
+
+from hf_sliced_attn.cli import main
+
+from .tiny import HELDOUT_TEXT, TRAIN_TEXT
+
+
+def convert_args(model, output, *extra: str) -> list[str]:
+    return ["convert", "--model", str(model), "--attn", "rela", "--text", TRAIN_TEXT, "--output", str(output),
+            "--steps", "4", *extra]
+
+
+def test_convert_command_splits_off_heldout_text(tiny_roberta, tmp_path, capsys):
+    assert main(convert_args(tiny_roberta, tmp_path / "out", "--layers", "1", "--stage2-steps", "2",
+                             "--stage2-loss", "cosine")) == 0
+    out = capsys.readouterr().out
+    assert "Note: no held-out text given: 30 of 300 distinct passages" in out and "Wrote" in out
+    import json
+
+    report = json.loads((tmp_path / "out" / "fidelity.json").read_text())
+    assert report["converted_layers"] == [1] and report["heldout"]["num_texts"] == 30
+    assert report["training"]["num_texts"] == 270
+
+
+def test_unknown_attention_lists_the_valid_ones(tiny_roberta, tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["convert", "--model", str(tiny_roberta), "--attn", "linear", "--text", TRAIN_TEXT,
+              "--output", str(tmp_path / "o")])
+    assert exit_info.value.code == 2
+    error = capsys.readouterr().err
+    assert "sliced_relu" in error and "rela" in error
+
+
+def test_unsupported_architecture_lists_the_supported_ones(tmp_path, capsys):
+    GPT2Config(n_layer=1, n_embd=16, n_head=2).save_pretrained(tmp_path / "gpt2")
+    assert main(convert_args(tmp_path / "gpt2", tmp_path / "o")) == 1
+    error = capsys.readouterr().err
+    assert "'gpt2'" in error and all(name in error for name in ("bert", "roberta", "xlm-roberta", "modernbert"))
+
+
+def test_empty_text(tiny_roberta, tmp_path, capsys):
+    empty = tmp_path / "empty.txt"
+    empty.write_text("\n  \n")
+    assert main(["convert", "--model", str(tiny_roberta), "--attn", "rela", "--text", str(empty),
+                 "--output", str(tmp_path / "o")]) == 1
+    assert "training text is empty" in capsys.readouterr().err
+
+
+def test_overlapping_heldout_text(tiny_roberta, tmp_path, capsys):
+    assert main(convert_args(tiny_roberta, tmp_path / "o", "--heldout-text", TRAIN_TEXT)) == 1
+    assert "also appear in the training text" in capsys.readouterr().err
+
+
+def test_existing_output_needs_overwrite(tiny_roberta, tmp_path, capsys):
+    output = tmp_path / "o"
+    output.mkdir()
+    (output / "keep.txt").write_text("precious")
+    assert main(convert_args(tiny_roberta, output, "--heldout-text", HELDOUT_TEXT)) == 1
+    assert "--overwrite" in capsys.readouterr().err
+    assert (output / "keep.txt").read_text() == "precious"
