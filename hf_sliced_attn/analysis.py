@@ -51,7 +51,7 @@ __all__ = ["RelaAnalysis", "analyze_rela", "check_rela_config"]
 
 @dataclass
 class _LayerCounts:
-    """Running totals of one layer; per-head tensors have shape (H,), float64."""
+    """Running totals of one layer; per-head tensors have shape (H,), float64 on the CPU."""
 
     num_heads: int
     sliding_window: int | None = None
@@ -203,10 +203,10 @@ def _count_block(
     n_pairs = int(pair_valid.sum())
     counts.valid_pairs += n_pairs
     counts.valid_queries += int(query_valid.sum())
-    counts.zero_pairs += n_pairs - positive.sum(dim=(0, 2, 3), dtype=torch.float64)
+    counts.zero_pairs += n_pairs - positive.sum(dim=(0, 2, 3), dtype=torch.float64).cpu()
     row_sum = weights.sum(-1, keepdim=True)  # (B, H, b, 1)
     live = (row_sum > 0).squeeze(-1) & query_valid[:, None]  # (B, H, b) not-null valid rows
-    counts.null_queries += (query_valid[:, None] & ~live).sum(dim=(0, 2), dtype=torch.float64)
+    counts.null_queries += (query_valid[:, None] & ~live).sum(dim=(0, 2), dtype=torch.float64).cpu()
     # Generalised JS divergence over each query's non-null heads.
     probs = weights.div_(torch.where(row_sum > 0, row_sum, 1.0))  # null rows stay all-zero
     n_live = live.sum(1, dtype=torch.float64)  # (B, b)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 
 import pytest
@@ -13,7 +12,8 @@ from transformers import AutoModel, ModernBertConfig, PreTrainedTokenizerFast, R
 import hf_sliced_attn
 from hf_sliced_attn import analysis
 from hf_sliced_attn.analysis import analyze_rela
-from hf_sliced_attn.analysis_cli import HEATMAP_NAME, JSON_NAME, add_analyze_parser
+from hf_sliced_attn.analysis_cli import HEATMAP_NAME, JSON_NAME
+from hf_sliced_attn.cli import main as cli
 from hf_sliced_attn.attention import observe_attention
 from hf_sliced_attn.ops.naive import rela_weights_reference
 
@@ -166,13 +166,6 @@ def test_non_rela_model_is_refused():
             analyze_rela(model, make_tokenizer(pad_id=1), TEXTS)
 
 
-def cli(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="hf-sliced-attn")
-    add_analyze_parser(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(argv)
-    return args.func(args)
-
-
 def test_cli_writes_the_files(tmp_path, capsys):
     model, tokenizer = roberta()
     model.save_pretrained(tmp_path / "model")
@@ -191,12 +184,12 @@ def test_cli_writes_the_files(tmp_path, capsys):
     assert (out / HEATMAP_NAME).read_bytes()[:4] == b"\x89PNG"
 
 
-def test_cli_refuses_a_softmax_model(tmp_path):
+def test_cli_refuses_a_softmax_model(tmp_path, capsys):
     config = RobertaConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=4, intermediate_size=64,
                            vocab_size=len(WORDS) + 3, pad_token_id=1)
     AutoModel.from_config(config).save_pretrained(tmp_path / "model")
     text = tmp_path / "texts.txt"
     text.write_text("one text\n")
-    with pytest.raises(ValueError, match="needs a ReLA model"):
-        cli(["analyze", str(tmp_path / "model"), "--text", str(text), "--output", str(tmp_path / "out")])
+    assert cli(["analyze", str(tmp_path / "model"), "--text", str(text), "--output", str(tmp_path / "out")]) == 1
+    assert "hf-sliced-attn analyze: error: The ReLA analysis needs a ReLA model" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
