@@ -53,6 +53,7 @@ from accelerate import Accelerator, DataLoaderConfiguration
 from accelerate.logging import get_logger
 from accelerate.utils import set_seed
 from datasets import DatasetDict, load_dataset
+from datasets.fingerprint import Hasher
 from torch.utils.data import DataLoader
 from tqdm.auto import tqdm
 from transformers import (
@@ -611,7 +612,10 @@ def train(args) -> dict:
         args.task_name = "sst2"
         args.train_file = str(SAMPLE_DIR / "sst2" / "train.tsv")
         args.validation_file = str(SAMPLE_DIR / "sst2" / "validation.tsv")
+    # torchrun / `accelerate launch --multi_gpu --num_processes N` on a machine without GPUs: N CPU processes (gloo)
+    cpu_distributed = int(os.environ.get("WORLD_SIZE", "1")) > 1 and not torch.cuda.is_available()
     accelerator = Accelerator(
+        **({"cpu": True} if cpu_distributed else {}),
         gradient_accumulation_steps=args.gradient_accumulation_steps,
         mixed_precision=args.mixed_precision,
         log_with=args.report_to if args.with_tracking else None,
@@ -662,22 +666,28 @@ def train(args) -> dict:
             result["labels"] = [float(l) for l in labels] if is_regression else [label_to_id[l] for l in labels]
         return result
 
+    # An explicit cache fingerprint: hashing the closure (tokenizer included) takes seconds.
+    settings = [args.tokenizer_name or args.model_name_or_path, type(tokenizer).__name__, len(tokenizer), keys,
+                args.label_column, args.max_length, is_regression, label_list]
     with accelerator.main_process_first():
         processed = DatasetDict({
-            split: ds.map(preprocess, batched=True, remove_columns=ds.column_names, desc=f"Tokenizing {split}")
+            split: ds.map(preprocess, batched=True, remove_columns=ds.column_names, desc=f"Tokenizing {split}",
+                          new_fingerprint=Hasher.hash([ds._fingerprint, *map(str, settings)]))
             for split, ds in raw.items()
         })
 
     # Dynamic padding; multiples of 8 help tensor cores under mixed precision.
     pad_to = 8 if accelerator.mixed_precision in ("fp16", "bf16") else None
     collator = DataCollatorWithPadding(tokenizer, pad_to_multiple_of=pad_to)
-    train_dataloader = DataLoader(processed["train"], shuffle=True, collate_fn=collator,
-                                  batch_size=args.per_device_train_batch_size)
+    # Each DataLoader gets its own generator: creating an iterator then draws its base seed from it, not
+    # from the global RNG, so dropout sees the same random stream in a resumed run as in an uninterrupted one.
+    def loader(split, **kwargs):
+        return DataLoader(processed[split], collate_fn=collator, generator=torch.Generator().manual_seed(args.seed), **kwargs)
+
+    train_dataloader = loader("train", shuffle=True, batch_size=args.per_device_train_batch_size)
     eval_splits = [s for s in ("validation", "validation_mismatched") if s in processed]
-    eval_dataloaders = [DataLoader(processed[s], collate_fn=collator, batch_size=args.per_device_eval_batch_size)
-                        for s in eval_splits]
-    test_dataloader = (DataLoader(processed["test"], collate_fn=collator, batch_size=args.per_device_eval_batch_size)
-                       if "test" in processed else None)
+    eval_dataloaders = [loader(s, batch_size=args.per_device_eval_batch_size) for s in eval_splits]
+    test_dataloader = loader("test", batch_size=args.per_device_eval_batch_size) if "test" in processed else None
 
     optimizer = make_optimizer(args, model)
     model, optimizer, train_dataloader, *eval_dataloaders = accelerator.prepare(
