@@ -161,20 +161,38 @@ def _centred_values(v: Tensor, valid: Tensor, padded: bool, work: torch.dtype) -
     return u, residual.to(work).view(batch * heads, dim)
 
 
-def _prefix_at_queries(u_flat: Tensor, order: _KeyOrder, t_sorted: Tensor, rows: range) -> Tensor:
+def _scratch(like: Tensor, rows: int, length: int) -> Tensor:
+    """An uninitialised (2, rows*length + 1, D) buffer, reused by every chunk of a call
+    (fresh large allocations are page-faulted on every use)."""
+    return torch.empty(2, rows * length + 1, like.shape[-1], dtype=like.dtype, device=like.device)
+
+
+def _select_rows(halves: Tensor, index: Tensor, out: Tensor | None = None) -> Tensor:
+    """halves[:, index] for a (2, N, D) tensor, one flat index_select per half (index_select
+    along dim 1 is several times slower on CPU)."""
+    if out is None:
+        out = torch.empty(2, index.numel(), halves.shape[-1], dtype=halves.dtype, device=halves.device)
+    for half in range(2):
+        torch.index_select(halves[half], 0, index, out=out[half])
+    return out
+
+
+def _prefix_at_queries(
+    u_flat: Tensor, order: _KeyOrder, t_sorted: Tensor, rows: range, scratch: Tensor
+) -> Tensor:
     """(2, len(rows), M, Tq, D): P_u[c] and P_tu[c] at each query's rank c, for a chunk."""
     slices, k_len = order.perm.shape[1:]
     q_len, dim = order.s.shape[-1], u_flat.shape[-1]
     groups = len(rows) * slices
     # Row 0 of each half is the empty prefix; row 1 + g*Tk + k the prefix through key k.
-    prefix = torch.empty(2, groups * k_len + 1, dim, dtype=u_flat.dtype, device=u_flat.device)
+    prefix = scratch[:, : groups * k_len + 1]
     prefix[:, 0] = 0
     torch.index_select(u_flat, 0, _flat_rows(order.perm[rows.start:rows.stop], rows), out=prefix[0, 1:])
     torch.mul(prefix[0, 1:], t_sorted[rows.start:rows.stop].reshape(-1, 1), out=prefix[1, 1:])
     _blocked_cumsum_(prefix[:, 1:].unflatten(1, (groups, k_len)))
     below = order.below[rows.start:rows.stop]
     query_rows = torch.where(below > 0, _group_offsets(rows, slices, k_len, below.device) + below, 0)
-    return prefix.index_select(1, query_rows.view(-1)).view(2, len(rows), slices, q_len, dim)
+    return _select_rows(prefix, query_rows.view(-1)).view(2, len(rows), slices, q_len, dim)
 
 
 def _forward(
@@ -193,8 +211,10 @@ def _forward(
     coef_r = (order.relu_sum * order.inv).sum(1).to(work).unsqueeze(-1)  # (B*H, Tq, 1)
     out = torch.empty(rows_total, q_len, dim, dtype=work, device=v.device)
     at_queries = []
-    for rows in _chunks(rows_total, slices * max(q_len, order.perm.shape[-1]) * dim):
-        at_query = _prefix_at_queries(u_flat, order, t_sorted, rows)
+    chunks = _chunks(rows_total, slices * max(q_len, order.perm.shape[-1]) * dim)
+    scratch = _scratch(u, len(chunks[0]) * slices, order.perm.shape[-1])
+    for rows in chunks:
+        at_query = _prefix_at_queries(u_flat, order, t_sorted, rows, scratch)
         lo, hi = rows.start, rows.stop
         out_rows = out[lo:hi]
         torch.mul(at_query[0, :, 0], coef_u[lo:hi, 0], out=out_rows)
@@ -209,7 +229,7 @@ def _forward(
 
 def _key_gradients(
     grad_flat: Tensor, u: Tensor, order: _KeyOrder, above_count: Tensor, rows: range,
-    du: Tensor, dt_part: Tensor,
+    scratch: tuple[Tensor, Tensor], du: Tensor, dt_part: Tensor,
 ) -> None:
     """For a chunk of rows, write dL/du_j = S_sw(j) - t_j S_w(j) into du (B*H, Tk, D) and
     -u_j . S_w(j) into dt_part (B*H, M, Tk), both in key order.
@@ -224,7 +244,7 @@ def _key_gradients(
     descending = order.q_perm[lo:hi].flip(-1)
     inv = order.inv[lo:hi].gather(-1, descending)
     # Row 0 of each half is the empty sum; row 1 + g*Tq + p the sum over the top p+1 queries.
-    acc = torch.empty(2, groups * q_len + 1, dim, dtype=u.dtype, device=u.device)
+    acc = scratch[0][:, : groups * q_len + 1]
     acc[:, 0] = 0
     torch.index_select(grad_flat, 0, _flat_rows(descending, rows), out=acc[1, 1:])
     torch.mul(acc[1, 1:], inv.to(u.dtype).view(-1, 1), out=acc[0, 1:])
@@ -232,7 +252,8 @@ def _key_gradients(
     _blocked_cumsum_(acc[:, 1:].unflatten(1, (groups, q_len)))
     count = above_count[lo:hi]
     key_rows = torch.where(count > 0, _group_offsets(rows, slices, q_len, count.device) + count, 0)
-    at_keys = acc.index_select(1, key_rows.view(-1)).view(2, len(rows), slices, k_len, dim)
+    at_keys = _select_rows(acc, key_rows.view(-1), out=scratch[1][:, : groups * k_len])
+    at_keys = at_keys.view(2, len(rows), slices, k_len, dim)
     t_keys = order.t[lo:hi].to(u.dtype).unsqueeze(-1)
     du_rows = du[lo:hi]
     torch.addcmul(at_keys[1, :, 0], at_keys[0, :, 0], t_keys[:, 0], value=-1, out=du_rows)
@@ -260,10 +281,12 @@ def _backward(
     dt_part = torch.empty(rows_total, slices, k_len, dtype=u.dtype, device=u.device)
     du = torch.empty(rows_total, k_len, dim, dtype=u.dtype, device=u.device)
     chunks = _chunks(rows_total, slices * max(q_len, k_len) * dim)
+    groups = len(chunks[0]) * slices
+    scratch = _scratch(u, groups, q_len), _scratch(u, groups, k_len)
     for rows, at_query in zip(chunks, at_queries):
         lo, hi = rows.start, rows.stop
         dots[:, lo:hi] = torch.einsum("kcmtd,ctd->kcmt", at_query, grad[lo:hi])
-        _key_gradients(grad.view(-1, dim), u, order, above_count, rows, du, dt_part)
+        _key_gradients(grad.view(-1, dim), u, order, above_count, rows, scratch, du, dt_part)
 
     # Scalar gradients, float64. g.N_i with N_i = s P_u[c] - P_tu[c] - relu_sum * residual.
     g_dot_u, g_dot_tu = dots.double()
