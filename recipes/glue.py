@@ -392,6 +392,13 @@ def parse_attn_layers(value: str | None):
         raise RecipeError(f"--attn_layers must be 'global', 'all' or comma-separated layer indices, got {value!r}.") from err
 
 
+def label_names(args, label_list) -> list[str]:
+    """A name per label value (in label_list order): the GLUE names for integer labels of a known task."""
+    if args.task_name in TASK_LABEL_NAMES and label_list == list(range(len(TASK_LABEL_NAMES[args.task_name]))):
+        return list(TASK_LABEL_NAMES[args.task_name])
+    return [str(l) for l in label_list]
+
+
 def build_config(args, num_labels: int, label_list, is_regression: bool):
     """Load the checkpoint's config, set labels and the plugin's attention options."""
     model_path = args.model_name_or_path
@@ -406,13 +413,17 @@ def build_config(args, num_labels: int, label_list, is_regression: bool):
             f"({config.id2label}), but the data has {num_labels} ({'regression' if is_regression else label_list}). "
             f"Use a checkpoint without a classification head, or pass --ignore_mismatched_sizes to re-initialise it."
         )
+    head_label2id = {str(k).lower(): int(v) for k, v in (config.label2id or {}).items()} if has_head else {}
     config = AutoConfig.from_pretrained(model_path, num_labels=num_labels, finetuning_task=args.task_name or "glue-local")
     if not is_regression:
-        names = [str(l) for l in label_list]
-        if args.task_name in TASK_LABEL_NAMES and label_list == list(range(len(TASK_LABEL_NAMES[args.task_name]))):
-            names = TASK_LABEL_NAMES[args.task_name]
-        config.label2id = {n: i for i, n in enumerate(names)}
-        config.id2label = dict(enumerate(names))
+        names = label_names(args, label_list)
+        if len(head_label2id) == num_labels and set(head_label2id) == {n.lower() for n in names}:
+            ids = [head_label2id[n.lower()] for n in names]  # keep the fine-tuned head's label order
+            logger.info(f"Using the checkpoint's label order: {dict(zip(names, ids))}")
+        else:
+            ids = list(range(num_labels))
+        config.label2id = dict(zip(names, ids))
+        config.id2label = {i: n for n, i in config.label2id.items()}
     else:
         config.problem_type = "regression"
     if args.attn_implementation in getattr(hf_sliced_attn, "MECHANISMS", ()):
@@ -565,7 +576,7 @@ model = {load}
 learning_rate={args.learning_rate}, per_device_train_batch_size={args.per_device_train_batch_size},
 gradient_accumulation_steps={args.gradient_accumulation_steps}, epochs={args.num_train_epochs},
 max_train_steps={args.max_train_steps}, warmup={args.num_warmup_steps if args.num_warmup_steps is not None else args.warmup_ratio},
-weight_decay={args.weight_decay}, lr_scheduler={args.lr_scheduler_type}, seed={args.seed}, max_length={args.max_length}.
+weight_decay={args.weight_decay}, lr_scheduler={getattr(args.lr_scheduler_type, 'value', args.lr_scheduler_type)}, seed={args.seed}, max_length={args.max_length}.
 """
     return str(ModelCard(content))
 
@@ -656,7 +667,9 @@ def train(args) -> dict:
     model = build_model(args, config)
     if args.lora and accelerator.is_main_process:
         model.print_trainable_parameters()
-    label_to_id = None if is_regression else {v: i for i, v in enumerate(label_list)}
+    # raw label value -> class id of the model
+    label_to_id = None if is_regression else {
+        v: config.label2id[n] for v, n in zip(label_list, label_names(args, label_list))}
 
     def preprocess(examples):
         texts = (examples[keys[0]],) if keys[1] is None else (examples[keys[0]], examples[keys[1]])

@@ -151,7 +151,9 @@ def recompute(out: Path, task: str, files: dict, attn: str) -> dict:
 @pytest.mark.parametrize("task", ["sst2", "mrpc", "stsb", "mnli"])
 def test_end_to_end(task, attn, tiny, tmp_path):
     out = tmp_path / "out"
-    results = run(common(tiny, out, attn) + DATA[task] + ["--max_train_steps", 6, "--max_train_samples", 96])
+    # sst2: local files with --task_name (the task's metric and label names) and a test file; others: inferred
+    test_file = ["--task_name", "sst2", "--test_file", SAMPLE / "sst2" / "test.tsv"] if task == "sst2" else []
+    results = run(common(tiny, out, attn) + DATA[task] + test_file + ["--max_train_steps", 6, "--max_train_samples", 96])
 
     metric_keys = {k for k in results if k.startswith("eval_") and "samples" not in k}
     assert metric_keys == EXPECTED_METRICS[task]
@@ -171,6 +173,20 @@ def test_end_to_end(task, attn, tiny, tmp_path):
     assert len(config["id2label"]) == {"sst2": 2, "mrpc": 2, "stsb": 1, "mnli": 3}[task]
     assert (out / "tokenizer.json").is_file() and (out / "README.md").is_file()
     assert "---" in (out / "README.md").read_text()
+    if task == "sst2":  # predictions on the unlabeled test file, with the label names
+        lines = (out / "predict_results.txt").read_text().splitlines()
+        assert len(lines) == 1 + 21 and {l.split("\t")[1] for l in lines[1:]} <= {"negative", "positive"}
+
+
+def test_finetuned_head_label_order_is_kept(tmp_path):
+    """A head fine-tuned with its own label order keeps it: the data's labels map onto the head's ids."""
+    model_dir = make_tiny(tmp_path / "head", head_labels=2)
+    config = json.loads((model_dir / "config.json").read_text())
+    config["label2id"], config["id2label"] = {"POSITIVE": 0, "NEGATIVE": 1}, {"0": "POSITIVE", "1": "NEGATIVE"}
+    (model_dir / "config.json").write_text(json.dumps(config))
+    args = glue.parse_args([str(a) for a in common(model_dir, tmp_path / "o") + ["--task_name", "sst2"] + DATA["sst2"]])
+    built = glue.build_config(args, 2, [0, 1], False)
+    assert built.label2id == {"negative": 1, "positive": 0}
 
 
 def test_multiprocess_counts_each_example_once(tiny, tmp_path):
@@ -323,6 +339,11 @@ def test_label_count_mismatch_with_finetuned_head(capsys, tmp_path):
 
 def test_unknown_preset(capsys, tmp_path):
     expect_error(capsys, ["--preset", "bert-huge-sst2", "--output_dir", tmp_path], "bert-huge-sst2", "roberta-base-sst2")
+
+
+def test_push_to_hub_offline_fails_clearly(capsys, tiny, tmp_path):
+    expect_error(capsys, common(tiny, tmp_path / "o") + DATA["sst2"] + ["--push_to_hub", "--hub_model_id", "me/x"],
+                 "--push_to_hub")
 
 
 def test_task_name_offline_says_hub_unreachable(tiny, tmp_path):
