@@ -42,6 +42,7 @@ from dataclasses import dataclass
 
 import torch
 from torch import Tensor
+from torch.autograd.function import once_differentiable
 
 __all__ = ["sliced_relu"]
 
@@ -330,9 +331,9 @@ class _SlicedReLUFunction(torch.autograd.Function):
         return out.view(batch, heads, *out.shape[1:]).to(v.dtype)
 
     @staticmethod
+    @once_differentiable
     def backward(ctx, grad: Tensor) -> tuple[Tensor, Tensor, Tensor, None]:
         order, u, residual, at_queries, valid, padded = ctx.state
-        del ctx.state
         ds, dt, dv = _backward(grad, order, u, residual, at_queries, valid, padded)
         batch, heads = dv.shape[:2]
         ds = ds.view(batch, heads, *ds.shape[1:])

@@ -1,0 +1,181 @@
+"""Tests for hf_sliced_attn.ops.sliced_relu against the float64 quadratic reference."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from hf_sliced_attn.ops.naive import sliced_relu_reference
+from hf_sliced_attn.ops.sliced_relu import sliced_relu
+
+
+def _rel_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
+    """max |actual - expected| / max |expected|, the scale floored at 1e-6 for tensors that
+    are 0 in exact arithmetic (e.g. every gradient when there is a single key)."""
+    expected = expected.double()
+    scale = expected.abs().max().clamp_min(1e-6)
+    return ((actual.double() - expected).abs().max() / scale).item()
+
+
+def _inputs(
+    batch: int, heads: int, slices: int | None, q_len: int, k_len: int, dim: int,
+    dtype: torch.dtype = torch.float32, seed: int = 0,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    generator = torch.Generator().manual_seed(seed)
+    lead = (batch, heads) if slices is None else (batch, heads, slices)
+    s = torch.randn(*lead, q_len, generator=generator)
+    t = torch.randn(*lead, k_len, generator=generator)
+    v = torch.randn(batch, heads, k_len, dim, generator=generator)
+    return s.to(dtype), t.to(dtype), v.to(dtype)
+
+
+def _padding(batch: int, k_len: int, seed: int = 0) -> torch.Tensor:
+    """Random padding, the last row fully padded."""
+    mask = torch.rand(batch, k_len, generator=torch.Generator().manual_seed(seed)) > 0.3
+    mask[-1] = False
+    return mask
+
+
+def _op_and_reference(
+    s: torch.Tensor, t: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, seed: int = 1
+) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """[out, ds, dt, dv] from the op and from the float64 reference, at the same inputs."""
+    leaves = [x.detach().clone().requires_grad_() for x in (s, t, v)]
+    out = sliced_relu(*leaves, key_padding_mask=mask)
+    grad = torch.randn(out.shape, generator=torch.Generator().manual_seed(seed)).to(out.dtype)
+    grads = torch.autograd.grad(out, leaves, grad)
+    ref_leaves = [x.detach().double().requires_grad_() for x in (s, t, v)]
+    ref = sliced_relu_reference(*ref_leaves, key_padding_mask=mask)
+    ref_grads = torch.autograd.grad(ref, ref_leaves, grad.double())
+    return [out, *grads], [ref, *ref_grads]
+
+
+SHAPES = [
+    # batch, heads, slices (None: 3-D scalars), q_len, k_len, dim
+    (2, 3, None, 17, 17, 8),
+    (1, 2, 1, 64, 64, 16),
+    (2, 2, 3, 33, 70, 4),
+    (3, 1, 3, 130, 9, 5),
+    (1, 1, None, 1, 1, 3),
+    (2, 4, 2, 1, 200, 2),
+    (1, 2, None, 300, 1, 7),
+]
+
+
+@pytest.mark.parametrize("padded", [False, True])
+@pytest.mark.parametrize("batch,heads,slices,q_len,k_len,dim", SHAPES)
+def test_matches_reference(batch, heads, slices, q_len, k_len, dim, padded):
+    s, t, v = _inputs(batch, heads, slices, q_len, k_len, dim)
+    mask = _padding(batch, k_len) if padded else None
+    actual, expected = _op_and_reference(s, t, v, mask)
+    assert actual[0].shape == (batch, heads, q_len, dim) and actual[0].dtype == torch.float32
+    for name, a, e in zip(["out", "ds", "dt", "dv"], actual, expected):
+        assert a.shape == e.shape and torch.isfinite(a).all(), name
+        assert _rel_error(a, e) <= 1e-5, (name, _rel_error(a, e))
+
+
+def test_fully_padded_row_gives_finite_zeros():
+    s, t, v = _inputs(2, 2, 2, 20, 30, 4)
+    mask = torch.ones(2, 30, dtype=torch.bool)
+    mask[1] = False
+    mask[0, :5] = False
+    actual, _ = _op_and_reference(s, t, v, mask)
+    out, ds, dt, dv = actual
+    assert torch.isfinite(out).all() and out[0].abs().max() > 0
+    for x in (out[1], ds[1], dt[1], dv[1], dt[0, ..., :5], dv[0, :, :5]):
+        assert torch.equal(x, torch.zeros_like(x))
+
+
+@pytest.mark.parametrize("slices", [None, 3])
+def test_ties(slices):
+    """Integer scalars with many repeats, queries tied with keys; ties contribute 0.
+
+    ReLU and |.| have no derivative at a tie, so only the value gradient is compared."""
+    generator = torch.Generator().manual_seed(3)
+    lead = (2, 3) if slices is None else (2, 3, slices)
+    s = torch.randint(-3, 4, (*lead, 40), generator=generator).float()
+    t = torch.randint(-3, 4, (*lead, 50), generator=generator).float()
+    v = torch.randn(2, 3, 50, 6, generator=generator)
+    mask = _padding(2, 50)
+    actual, expected = _op_and_reference(s, t, v, mask)
+    assert _rel_error(actual[0], expected[0]) <= 1e-5
+    assert _rel_error(actual[3], expected[3]) <= 1e-5
+
+
+def test_all_keys_equal_gives_zero():
+    s = torch.tensor([[[0.5, 2.0, 2.0, 3.0]]])
+    t = torch.full((1, 1, 5), 2.0)
+    v = torch.randn(1, 1, 5, 3) + 10
+    out = sliced_relu(s, t, v)
+    expected = sliced_relu_reference(s.double(), t.double(), v.double())
+    assert torch.isfinite(out).all()
+    assert (out - expected).abs().max() <= 1e-5
+    assert torch.equal(out[0, 0, 1:3], torch.zeros(2, 3))
+
+
+def _chunked_reference(s: torch.Tensor, t: torch.Tensor, v: torch.Tensor, queries: torch.Tensor) -> torch.Tensor:
+    """The float64 reference at the given query indices, a few queries at a time."""
+    parts = [
+        sliced_relu_reference(s[..., chunk].double(), t.double(), v.double()) for chunk in queries.split(128)
+    ]
+    return torch.cat(parts, dim=2)
+
+
+def test_long_sequence_with_offsets():
+    """T = 65536 with scalars offset by 100 and values by 5: the error must not grow with T.
+
+    Checked at 1024 random queries plus the extreme ones, against a chunked reference."""
+    length = 65536
+    generator = torch.Generator().manual_seed(4)
+    s = torch.randn(1, 1, length, generator=generator) + 100
+    t = torch.randn(1, 1, length, generator=generator) + 100
+    v = torch.randn(1, 1, length, 8, generator=generator) + 5
+    out = sliced_relu(s, t, v)
+    queries = torch.cat([torch.randperm(length, generator=generator)[:1024], s[0, 0].argsort()[[0, 1, -2, -1]]])
+    expected = _chunked_reference(s, t, v, queries)
+    assert _rel_error(out[:, :, queries], expected) <= 2e-5
+
+
+def test_gradients_at_1024():
+    s, t, v = _inputs(1, 2, 2, 1024, 1024, 16, seed=5)
+    mask = torch.ones(1, 1024, dtype=torch.bool)
+    mask[0, -100:] = False
+    actual, expected = _op_and_reference(s, t, v + 3, mask)
+    for name, a, e in zip(["ds", "dt", "dv"], actual[1:], expected[1:]):
+        assert _rel_error(a, e) <= 1e-4, (name, _rel_error(a, e))
+
+
+@pytest.mark.parametrize("slices,padded", [(None, False), (2, False), (2, True), (1, True)])
+def test_gradcheck(slices, padded):
+    s, t, v = _inputs(2, 2, slices, 5, 7, 3, dtype=torch.float64, seed=6)
+    mask = torch.tensor([[True] * 7, [True, False, True, True, False, True, False]]) if padded else None
+    leaves = [x.requires_grad_() for x in (s, t, v)]
+    assert torch.autograd.gradcheck(lambda *x: sliced_relu(*x, key_padding_mask=mask), leaves)
+
+
+@pytest.mark.parametrize("dtype,tolerance", [(torch.float16, 5e-3), (torch.bfloat16, 3e-2)])
+def test_half_precision(dtype, tolerance):
+    s, t, v = _inputs(2, 2, 2, 40, 50, 8, dtype=dtype, seed=7)
+    mask = _padding(2, 50)
+    actual, expected = _op_and_reference(s, t, v, mask)
+    for name, a, e, x in zip(["out", "ds", "dt", "dv"], actual, expected, (v, s, t, v)):
+        assert a.dtype == dtype, name
+        assert _rel_error(a, e) <= tolerance, (name, _rel_error(a, e))
+
+
+@pytest.mark.parametrize(
+    "s_shape,t_shape,v_shape,mask_shape,expected",
+    [
+        ((2, 3, 5), (2, 3, 7), (2, 3, 7), None, r"value must have shape \(B, H, Tk, D\)"),
+        ((2, 3), (2, 3, 7), (2, 3, 7, 4), None, r"query_scalars must have shape \(B, H, Tq\)"),
+        ((2, 4, 5), (2, 4, 7), (2, 3, 7, 4), None, r"query_scalars must have shape \(B, H, Tq\)"),
+        ((2, 3, 5), (2, 3, 6), (2, 3, 7, 4), None, r"key_scalars must have shape \(B, H, Tk\) = \(2, 3, 7\)"),
+        ((2, 3, 2, 5), (2, 3, 3, 7), (2, 3, 7, 4), None, r"key_scalars must have shape \(B, H, M, Tk\)"),
+        ((2, 3, 2, 5), (2, 3, 7), (2, 3, 7, 4), None, r"key_scalars must have shape \(B, H, M, Tk\)"),
+        ((2, 3, 5), (2, 3, 7), (2, 3, 7, 4), (2, 6), r"key_padding_mask must have shape \(B, Tk\) = \(2, 7\)"),
+    ],
+)
+def test_shape_errors(s_shape, t_shape, v_shape, mask_shape, expected):
+    mask = None if mask_shape is None else torch.ones(mask_shape, dtype=torch.bool)
+    with pytest.raises(ValueError, match=expected):
+        sliced_relu(torch.randn(s_shape), torch.randn(t_shape), torch.randn(v_shape), mask)
