@@ -132,13 +132,14 @@ class _ReLAFunction(torch.autograd.Function):
         scaling, sliding_window, block_size = ctx.scaling, ctx.sliding_window, ctx.block_size
         grad_out = grad_out.to(q_scaled.dtype)
         q_len, k_len = q_scaled.shape[2], key.shape[2]
-        grad_q = torch.zeros_like(q_scaled)
         grad_k = torch.zeros_like(key)
         grad_v = torch.zeros_like(value)
+        grad_q_blocks = []
         for start in range(0, q_len, block_size):
             end = min(start + block_size, q_len)
             lo, hi = _key_range(start, end, k_len, sliding_window)
             if lo >= hi:
+                grad_q_blocks.append(q_scaled.new_zeros(*q_scaled.shape[:2], end - start, q_scaled.shape[3]))
                 continue
             weights = (
                 saved_weights if saved_weights is not None
@@ -147,10 +148,15 @@ class _ReLAFunction(torch.autograd.Function):
             grad_o = grad_out[:, :, start:end]
             grad_v[:, :, lo:hi] += torch.matmul(weights.transpose(-1, -2), grad_o)
             grad_s = torch.matmul(grad_o, value[:, :, lo:hi].transpose(-1, -2))
-            grad_s = torch.ops.aten.threshold_backward(grad_s, weights, 0)  # dA ⊙ 1[A > 0]
+            # dS = dA ⊙ 1[A > 0], written over dA (ReLU's own backward kernel, in place)
+            torch.ops.aten.threshold_backward.grad_input(grad_s, weights, 0, grad_input=grad_s)
             del weights
-            grad_q[:, :, start:end] = torch.matmul(grad_s, key[:, :, lo:hi])
+            grad_q_blocks.append(torch.matmul(grad_s, key[:, :, lo:hi]))
             grad_k[:, :, lo:hi] += torch.matmul(grad_s.transpose(-1, -2), q_scaled[:, :, start:end])
+        if len(grad_q_blocks) == 1:
+            grad_q = grad_q_blocks[0]
+        else:  # no blocks when Tq = 0
+            grad_q = torch.cat(grad_q_blocks, dim=2) if grad_q_blocks else torch.zeros_like(q_scaled)
         grad_q.mul_(scaling)
         if key_padding_mask is not None:
             grad_k.masked_fill_(~key_padding_mask[:, None, :, None], 0.0)

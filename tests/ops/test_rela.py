@@ -16,11 +16,12 @@ SHAPES = [
     (2, 2, 100, 37, 16),
     (1, 2, 37, 100, 16),
     (2, 2, 200, 200, 8),
+    (1, 2, 66, 66, 8),  # one longer than the window 65: only the corner pairs fall outside
     (1, 1, 1, 1, 8),
     (2, 1, 1, 50, 4),
     (2, 1, 50, 1, 4),
 ]
-BLOCK_SIZES = [7, 48, 512]
+BLOCK_SIZES = [16, 512]  # 16 < T: several blocks, T not a multiple of 16; 512: one block
 WINDOWS = [None, 1, 3, 65]
 
 
@@ -70,7 +71,10 @@ def rela_and_grads(
 
 @pytest.mark.parametrize(
     "shape,block_size,window,padded",
-    list(itertools.product(SHAPES, BLOCK_SIZES, WINDOWS, [False, True])),
+    [
+        pytest.param(shape, block, window, padded, id=f"{'x'.join(map(str, shape))}-bs{block}-w{window}-pad{padded:d}")
+        for shape, block, window, padded in itertools.product(SHAPES, BLOCK_SIZES, WINDOWS, [False, True])
+    ],
 )
 def test_matches_reference(
     shape: tuple[int, ...], block_size: int, window: int | None, padded: bool
@@ -99,10 +103,10 @@ def test_explicit_scaling_and_noncontiguous(block_size: int) -> None:
         assert rel_err(grad, ref_grad) <= 1e-4
 
 
-@pytest.mark.parametrize("block_size", [5, 64])
+@pytest.mark.parametrize("block_size", [3, 64])
 @pytest.mark.parametrize("window", [None, 3])
 def test_gradcheck_float64(block_size: int, window: int | None) -> None:
-    query, key, value, mask = make_inputs(2, 2, 13, 11, 4, padded=True, dtype=torch.float64, seed=1)
+    query, key, value, mask = make_inputs(2, 1, 8, 7, 3, padded=True, dtype=torch.float64, seed=1)
     inputs = [t.requires_grad_() for t in (query, key, value)]
     assert torch.autograd.gradcheck(
         lambda q, k, v: rela(q, k, v, mask, sliding_window=window, block_size=block_size), inputs
@@ -121,6 +125,32 @@ def test_half_precision(dtype: torch.dtype, block_size: int) -> None:
     assert rel_err(out, ref) <= tol
     for grad, ref_grad in zip(grads, ref_grads):
         assert rel_err(grad, ref_grad) <= tol
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("block_size", [16, 512])
+def test_half_precision_accumulates_in_float32(dtype: torch.dtype, block_size: int) -> None:
+    """Half inputs give the float32 computation on the upcast inputs, rounded once at the end."""
+    query, key, value, mask = make_inputs(1, 2, 80, 80, 16, padded=True, dtype=dtype, seed=3)
+    grad_out = torch.randn(*query.shape).to(dtype)
+    out, grads = rela_and_grads(query, key, value, mask, grad_out, sliding_window=33, block_size=block_size)
+    out32, grads32 = rela_and_grads(
+        query.float(), key.float(), value.float(), mask, grad_out.float(), sliding_window=33, block_size=block_size
+    )
+    assert torch.equal(out, out32.to(dtype))
+    for grad, grad32 in zip(grads, grads32):
+        assert torch.equal(grad, grad32.to(dtype))
+
+
+def test_float16_scores_beyond_float16_range() -> None:
+    """Scores above 65504 are fine in float16 as long as the output fits."""
+    query, key, value, _ = make_inputs(1, 1, 20, 20, 16, padded=False, dtype=torch.float32)
+    query, key, value = (query.abs() * 200).half(), (key.abs() * 200).half(), (value * 1e-4).half()
+    scores = query.double() @ key.double().transpose(-1, -2) * 16**-0.5
+    assert scores.max() > 2 * torch.finfo(torch.float16).max  # the premise of this test
+    out = rela(query, key, value)
+    ref = rela_reference(query, key, value)
+    assert torch.isfinite(out).all() and rel_err(out, ref) <= 1e-2
 
 
 @pytest.mark.parametrize("block_size", [8, 512])
