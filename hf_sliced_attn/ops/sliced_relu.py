@@ -26,14 +26,19 @@ valid key (the kernel is shift-invariant), scalar work is done in float64, and t
 residual mean r of u is removed by subtracting (s c - P_t[c]) r from the numerator, which
 keeps the error flat in the sequence length.
 
-The backward is written by hand: each query is binned by its rank among the keys, and
-suffix sums over the bins give, for the key at sorted position k,
-dL/du_k = sum_{c_i > k} w_i (s_i - t_k) with w_i = g_i / (M den_i), and the scalar
-gradients follow in closed form. dL/dv is dL/du minus its mean over the valid keys.
+The backward is written by hand (no autograd through sort, scan or gather). With
+w_i = g_i / (M den_i), the key at sorted position k gets
 
-Sequence scans use a blocked cumsum (cumsum inside blocks of rows, then block carries),
-which on CPU is several times faster than ``torch.cumsum`` along the sequence, and the
-D-wide work is done a few heads at a time so that it stays in cache.
+    dL/du_k = sum_{c_i > k} (s_i - t_k) w_i = S_sw(k) - t_k S_w(k),
+
+where S_w and S_sw are prefix sums of w_i and s_i w_i over the queries in descending order
+of s, read at the number of queries above key k. dL/dv is dL/du minus its mean over the
+valid keys; dL/ds and dL/dt follow in closed form from the same ranks (a tie counts as
+sign 0 and ReLU slope 0).
+
+Sequence scans use a blocked scan (rows added one at a time inside blocks of 64, then
+block carries), several times faster on CPU than ``torch.cumsum`` along the sequence, and
+the D-wide work is done a few heads at a time so that it stays in cache.
 """
 
 from __future__ import annotations
@@ -152,7 +157,7 @@ def _centred_values(v: Tensor, valid: Tensor, padded: bool, work: torch.dtype) -
     batch, heads, k_len, dim = v.shape
     valid_rows = valid.view(batch, 1, k_len, 1)
     n_valid = valid.sum(-1).view(batch, 1, 1).clamp_min(1)
-    v = v.to(work)
+    v = v.to(work).contiguous()
     if padded:
         v = v.masked_fill(~valid_rows, 0)
     u = v - (v.sum(-2) / n_valid).unsqueeze(-2)
