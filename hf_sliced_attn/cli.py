@@ -15,6 +15,8 @@ import logging
 import sys
 from collections.abc import Sequence
 
+from accelerate import PartialState
+
 from .analysis_cli import add_analyze_parser
 from .config import MECHANISMS
 from .convert import STAGE2_LOSSES, ConvertOptions, convert
@@ -86,6 +88,8 @@ def run_convert(args: argparse.Namespace) -> int:
         overwrite=args.overwrite, resume=args.resume, base_model_id=args.base_model_id,
     )
     result = convert(options)
+    if not PartialState().is_main_process:  # under `accelerate launch`, one process reports
+        return 0
     for note in result.notes:
         print(f"Note: {note}.")
     report = result.report
@@ -125,7 +129,8 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line ``argv`` (default: ``sys.argv[1:]``); returns the exit status."""
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(format="%(levelname)s %(name)s: %(message)s")
+    logging.getLogger("hf_sliced_attn").setLevel(logging.INFO)
     try:
         return args.func(args)
     except KeyboardInterrupt:

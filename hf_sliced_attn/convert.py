@@ -189,8 +189,9 @@ def _dataset_column(source: str, column: str, split: str) -> list[str]:
 
 def split_heldout(
     texts: list[str], heldout: list[str] | None, *, fraction: float, seed: int
-) -> tuple[list[str], list[str], str]:
-    """(train, heldout, how the held-out text was chosen). Held-out text must not overlap the training text.
+) -> tuple[list[str], list[str], str | None]:
+    """(train, heldout, a note saying how the held-out text was split off, or None if it was given).
+    Held-out text must not overlap the training text.
 
     Without ``heldout``, a ``fraction`` of the distinct passages is split off, chosen by a
     seeded shuffle, so the same inputs always give the same split.
@@ -207,7 +208,7 @@ def split_heldout(
                 f"{len(overlap)} held-out passage(s) also appear in the training text (e.g. {example!r}): "
                 "the fidelity report must be measured on unseen text."
             )
-        return texts, heldout, "given"
+        return texts, heldout, None
     distinct = list(dict.fromkeys(texts))
     count = max(2, round(fraction * len(distinct)))
     if len(distinct) - count < 1:
@@ -650,12 +651,12 @@ def convert(options: ConvertOptions, on_step: Callable[[int, float], None] | Non
         shutil.rmtree(checkpoints)
     accelerator.wait_for_everyone()
     report = json.loads((output / REPORT_NAME).read_text())
-    return ConversionResult(output, report, [heldout_note] if heldout_note != "given" else [])
+    return ConversionResult(output, report, [heldout_note] if heldout_note else [])
 
 
 def _finish(options: ConvertOptions, student: PeftModel, teacher: PreTrainedModel,
             tokenizer: PreTrainedTokenizerBase, layers: list[int], before: dict[str, Any],
-            train_texts: list[str], heldout_texts: list[str], heldout_note: str) -> dict[str, Any]:
+            train_texts: list[str], heldout_texts: list[str], heldout_note: str | None) -> dict[str, Any]:
     """Merge (or keep the adapter), save, reload through the plugin, and build the report."""
     output = Path(options.output_dir)
     student.eval()

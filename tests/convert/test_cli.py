@@ -63,3 +63,9 @@ def test_existing_output_needs_overwrite(tiny_roberta, tmp_path, capsys):
     assert main(convert_args(tiny_roberta, output, "--heldout-text", HELDOUT_TEXT)) == 1
     assert "--overwrite" in capsys.readouterr().err
     assert (output / "keep.txt").read_text() == "precious"
+
+
+def test_bad_layer_list(tiny_roberta, tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        main(convert_args(tiny_roberta, tmp_path / "o", "--layers", "first"))
+    assert "layer indices like 0,2,4" in capsys.readouterr().err

@@ -128,3 +128,16 @@ def test_fidelity_of_a_model_with_itself(tiny_roberta):
     other = AutoModel.from_pretrained(tiny_roberta, attn_implementation="rela").eval()
     different = measure_fidelity(model, other, tokenizer, texts, layers=[0, 1], max_length=32)
     assert different["attention_relative_error_mean"] > 0.1 and different["hidden_state_cosine"] < 1.0
+
+
+def test_text_from_files_and_saved_datasets(tmp_path):
+    import datasets
+
+    from hf_sliced_attn.convert import load_texts
+
+    (tmp_path / "a.txt").write_text("first line\n\n  second line  \n")
+    datasets.Dataset.from_dict({"sentence": ["from a dataset", ""]}).save_to_disk(tmp_path / "ds")
+    assert load_texts([str(tmp_path / "a.txt"), str(tmp_path / "ds")], column="sentence") == [
+        "first line", "second line", "from a dataset"]
+    with pytest.raises(ValueError, match="no column 'text'"):
+        load_texts([str(tmp_path / "ds")])
