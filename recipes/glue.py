@@ -69,7 +69,11 @@ from transformers import (
     get_scheduler,
 )
 
-import hf_sliced_attn
+try:
+    import hf_sliced_attn
+except ModuleNotFoundError:  # run from a source checkout without `pip install -e .`
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    import hf_sliced_attn
 
 logger = get_logger(__name__)
 
@@ -183,7 +187,7 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--adam_beta2", type=float, default=0.999)
     train.add_argument("--adam_epsilon", type=float, default=1e-8)
     train.add_argument("--max_grad_norm", type=float, default=1.0, help="Gradient clipping; 0 disables it.")
-    train.add_argument("--num_train_epochs", type=int, default=3)
+    train.add_argument("--num_train_epochs", type=int, default=2)
     train.add_argument("--max_train_steps", type=int, default=None, help="Number of optimizer updates; overrides --num_train_epochs.")
     train.add_argument("--gradient_accumulation_steps", type=int, default=1)
     train.add_argument("--lr_scheduler_type", type=SchedulerType, default="linear",
@@ -547,7 +551,7 @@ def render_model_card(args, results: dict, label_names, metric_config: str) -> s
         datasets=[GLUE_HUB_DATASET] if args.task_name and not args.train_file else None,
     )
     dataset = (f"GLUE {args.task_name} ({GLUE_HUB_DATASET})" if args.task_name and not args.train_file
-               else f"local files in GLUE {metric_config} format ({args.train_file or 'bundled SST-2-format sample'})")
+               else f"{local_dataset_name(args.train_file)} in GLUE {metric_config} format")
     metrics = "\n".join(f"| {k} | {v:.4f} |" if isinstance(v, float) else f"| {k} | {v} |" for k, v in results.items())
     load = f'AutoModelForSequenceClassification.from_pretrained("<this folder>", attn_implementation="{args.attn_implementation}")'
     content = f"""---
@@ -585,6 +589,13 @@ weight_decay={args.weight_decay}, lr_scheduler={getattr(args.lr_scheduler_type, 
     return str(ModelCard(content))
 
 
+def local_dataset_name(train_file: str) -> str:
+    path = Path(train_file).resolve()
+    if SAMPLE_DIR.resolve() in path.parents:
+        return f"the GLUE-format sample bundled with hf-sliced-attn (glue_sample/{path.parent.name})"
+    return f"local files ({path.name})"
+
+
 def write_model_card(args, results: dict, label_names, metric_config: str) -> None:
     """README.md in --output_dir: the package's GLUE card for its mechanisms, else the minimal one above."""
     on_hub = bool(args.task_name) and not args.train_file
@@ -597,7 +608,7 @@ def write_model_card(args, results: dict, label_names, metric_config: str) -> No
             render_glue_card(args.output_dir, base_model=args.model_name_or_path, task_name=metric_config,
                              metrics={k: v for k, v in results.items() if k.startswith("eval_") and "samples" not in k},
                              mechanism=args.attn_implementation,
-                             dataset_name=GLUE_HUB_DATASET if on_hub else args.train_file,
+                             dataset_name=GLUE_HUB_DATASET if on_hub else local_dataset_name(args.train_file),
                              model_id=args.hub_model_id)
             return
         except Exception as err:  # a card problem must not lose the trained model
@@ -685,7 +696,7 @@ def train(args) -> dict:
 
     # An explicit cache fingerprint: hashing the closure (tokenizer included) takes seconds.
     settings = [args.tokenizer_name or args.model_name_or_path, type(tokenizer).__name__, len(tokenizer), keys,
-                args.label_column, args.max_length, is_regression, label_list]
+                args.label_column, args.max_length, is_regression, label_to_id]
     with accelerator.main_process_first():
         processed = DatasetDict({
             split: ds.map(preprocess, batched=True, remove_columns=ds.column_names, desc=f"Tokenizing {split}",
@@ -750,9 +761,11 @@ def train(args) -> dict:
             starting_epoch, resume_batches = starting_epoch + 1, 0
         logger.info(f"Resumed from {path}: update {completed_steps}, epoch {starting_epoch}, batch {resume_batches}")
 
-    log_file = Path(args.output_dir) / "train_log.jsonl"
-    if accelerator.is_main_process and not args.resume_from_checkpoint:
-        log_file.write_text("")
+    log_file = Path(args.output_dir) / "train_log.jsonl"  # one line per update
+    if accelerator.is_main_process:
+        kept = [line for line in (log_file.read_text().splitlines() if log_file.is_file() else [])
+                if json.loads(line)["step"] <= completed_steps]  # resuming in place: drop the lost updates
+        log_file.write_text("".join(line + "\n" for line in kept))
     checkpoint_every = int(args.checkpointing_steps) if args.checkpointing_steps not in (None, "epoch") else None
     progress = tqdm(range(args.max_train_steps), initial=completed_steps, disable=not accelerator.is_local_main_process)
     start = time.time()
@@ -780,12 +793,12 @@ def train(args) -> dict:
             active_dataloader, batch_index = accelerator.skip_first_batches(train_dataloader, resume_batches), resume_batches
         else:
             active_dataloader, batch_index = train_dataloader, 0
-        update_loss = torch.zeros((), device=accelerator.device)
+        update_loss, micro_batches = torch.zeros((), device=accelerator.device), 0
         for batch in active_dataloader:
             batch_index += 1
             with accelerator.accumulate(model):
                 loss = model(**batch).loss
-                update_loss += loss.detach().float() / args.gradient_accumulation_steps
+                update_loss, micro_batches = update_loss + loss.detach().float(), micro_batches + 1
                 accelerator.backward(loss)  # divides by gradient_accumulation_steps
                 if accelerator.sync_gradients and args.max_grad_norm:
                     accelerator.clip_grad_norm_(model.parameters(), args.max_grad_norm)
@@ -799,8 +812,9 @@ def train(args) -> dict:
                 lr_scheduler.step()
             completed_steps += 1
             progress.update(1)
-            step_loss = accelerator.reduce(update_loss, reduction="mean").item()
-            update_loss.zero_()
+            # the update's loss: mean over its micro-batches and over the processes
+            step_loss = accelerator.reduce(update_loss / micro_batches, reduction="mean").item()
+            update_loss, micro_batches = torch.zeros((), device=accelerator.device), 0
             epoch_loss, epoch_updates = epoch_loss + step_loss, epoch_updates + 1
             if accelerator.is_main_process:
                 with log_file.open("a") as f:

@@ -208,9 +208,10 @@ def test_multiprocess_counts_each_example_once(tiny, tmp_path):
 
 
 # ----------------------------------------------------------------------------- resume
-@pytest.mark.parametrize("resume_step", [2, 4])  # mid-epoch, and the end of epoch 0 (4 updates per epoch)
+# 4 updates per epoch: mid-epoch 0, the end of epoch 0, mid-epoch 1 (a dropout model: the RNG must match too)
+@pytest.mark.parametrize("resume_step", [2, 4, 5])
 def test_resume_matches_uninterrupted(resume_step, tiny_dropout, tmp_path):
-    args = DATA["sst2"] + ["--max_train_samples", 64, "--max_train_steps", 6, "--checkpointing_steps", 2]
+    args = DATA["sst2"] + ["--max_train_samples", 64, "--max_train_steps", 6, "--checkpointing_steps", 1]
     full = run(common(tiny_dropout, tmp_path / "full") + args)
     checkpoint = tmp_path / "full" / f"step_{resume_step}"
     assert checkpoint.is_dir()
@@ -238,6 +239,11 @@ def test_resume_latest_picks_most_advanced(tiny, tmp_path):
     assert glue.find_checkpoint(glue.parse_args([str(a) for a in args] + ["--resume_from_checkpoint", "latest"])).name == "step_4"
     again = run(args + ["--resume_from_checkpoint", "latest"])  # nothing left to train: same model, same metrics
     assert again["eval_accuracy"] == first["eval_accuracy"] and again["train_steps"] == 4
+    log = [json.loads(l)["step"] for l in (out / "train_log.jsonl").read_text().splitlines()]
+    assert log == [1, 2, 3, 4]
+    # resuming in place from an earlier checkpoint drops the log lines of the updates redone
+    run(args + ["--resume_from_checkpoint", out / "step_2"])
+    assert [json.loads(l)["step"] for l in (out / "train_log.jsonl").read_text().splitlines()] == [1, 2, 3, 4]
 
 
 # ----------------------------------------------------------------------------- gradient accumulation
