@@ -4,8 +4,8 @@
 Run it plainly or through accelerate (one CPU, one or many GPUs, FSDP)::
 
     python recipes/glue.py                                   # the README main job (below)
-    accelerate launch recipes/glue.py --task_name mrpc --model_name_or_path FacebookAI/roberta-base \\
-        --attn_implementation sliced_relu --num_slices 4 --preset roberta-base-mrpc
+    accelerate launch --config_file recipes/configs/single_gpu_bf16.yaml recipes/glue.py \\
+        --preset roberta-base-mrpc --attn_implementation sliced_relu --num_slices 4   # GLUE MRPC from the Hub
     accelerate launch --config_file recipes/configs/cpu.yaml recipes/glue.py \\
         --train_file train.tsv --validation_file dev.tsv --attn_implementation rela --lora
 
@@ -845,6 +845,8 @@ def train(args) -> dict:
     if args.with_tracking:
         accelerator.end_training()
 
+    predictions = predict(model, test_dataloader, accelerator, is_regression) if test_dataloader is not None else None
+
     # --- save: a plain transformers checkpoint (LoRA merged), tokenizer, results, model card
     accelerator.wait_for_everyone()
     unwrapped = accelerator.unwrap_model(model)
@@ -857,7 +859,6 @@ def train(args) -> dict:
     results = {**eval_results, "train_loss": epoch_loss / max(epoch_updates, 1), "train_steps": completed_steps,
                "epochs": args.num_train_epochs,
                "train_runtime": round(time.time() - start, 2)}
-    predictions = predict(model, test_dataloader, accelerator, is_regression) if test_dataloader is not None else None
     if accelerator.is_main_process:
         tokenizer.save_pretrained(args.output_dir)
         with open(Path(args.output_dir) / "all_results.json", "w") as f:

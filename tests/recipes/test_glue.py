@@ -392,3 +392,20 @@ def test_local_glue_metric(config_name, preds, refs, expected):
     assert result.keys() == expected.keys()
     for key, value in expected.items():
         assert result[key] == pytest.approx(value, abs=1e-4)
+
+
+def test_plugin_options_reach_the_config(tiny, tmp_path):
+    argv = [str(a) for a in common(tiny, tmp_path / "o") + DATA["sst2"] + ["--num_slices", 3, "--attn_layers", "0"]]
+    args = glue.parse_args(argv)
+    config = glue.build_config(args, 2, [0, 1], False)
+    options = config.to_dict()[hf_sliced_attn.CONFIG_KEY]
+    assert options["num_slices"] == 3 and options["layers"] == [0]
+    model = glue.build_model(args, config)
+    converted = [n for n, _ in model.named_modules() if n.endswith("sliced_projection")]
+    assert converted == ["bert.encoder.layer.0.attention.self.sliced_projection"]  # only layer 0
+    assert model.bert.encoder.layer[0].attention.self.sliced_projection.directions.shape == (4, 3, 8)  # heads, slices, dim
+
+
+def test_bad_plugin_options(capsys, tiny, tmp_path):
+    expect_error(capsys, common(tiny, tmp_path / "o") + DATA["sst2"] + ["--attn_layers", "first"], "--attn_layers", "global")
+    expect_error(capsys, common(tiny, tmp_path / "o", attn="rela") + DATA["sst2"] + ["--num_slices", 2], "sliced_relu")
