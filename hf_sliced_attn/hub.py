@@ -95,8 +95,9 @@ def _hub_id(name: str | None) -> str | None:
     return name if name and not Path(name).exists() and name.count("/") <= 1 else None
 
 
-def _model_url(name: str) -> str:
-    return f"https://huggingface.co/{name}" if _hub_id(name) else str(name)
+def _model_ref(name: str) -> str:
+    """Markdown for a base model: a link to its Hub page, or its local path in code."""
+    return f"[{name}](https://huggingface.co/{name})" if _hub_id(name) else f"`{name}`"
 
 
 def _loading_code(model_id: str, *, model_class: str, mechanism: str, adapter_base: str | None = None) -> str:
@@ -125,12 +126,8 @@ def _mechanism_fields(mechanism: str) -> dict[str, Any]:
             "arxiv_id": info.arxiv_id, "paper_authors": info.authors, "paper_title": info.paper_title}
 
 
-def _layers_description(options: dict[str, Any]) -> str:
-    layers = options.get("layers", "global")
-    if isinstance(layers, list):
-        text = f"in layers {', '.join(map(str, layers))}"
-    else:
-        text = {"all": "in every layer", "global": "in every global-attention layer"}[layers]
+def _layers_description(layers: list[int], options: dict[str, Any]) -> str:
+    text = f"in layer{'s' if len(layers) > 1 else ''} {', '.join(map(str, layers))}"
     if "num_slices" in options:
         text += f", {options['num_slices']} slice(s) per head"
     return text
@@ -155,7 +152,6 @@ def render_conversion_card(output_dir: str | Path, *, report: dict[str, Any], mo
     model_id = model_id or str(output_dir)
     mechanism, base = report["mechanism"], report["base_model"]
     training = report["training"]
-    datasets = [name for name in training["text"] if _hub_id(name) and not name.endswith((".txt", ".json"))]
     results = [
         EvalResult(task_type="feature-extraction", dataset_type="text", dataset_name="held-out text",
                    metric_type="cosine_similarity", metric_value=round(report["embedding_cosine"]["after"], 4),
@@ -167,7 +163,7 @@ def render_conversion_card(output_dir: str | Path, *, report: dict[str, Any], mo
     card_data = ModelCardData(
         base_model=_hub_id(base), library_name="peft" if report["adapter_only"] else "transformers",
         license=report.get("license"), tags=[PLUGIN_TAG, MECHANISMS[mechanism].tag, "attention-transfer"],
-        datasets=datasets or None, pipeline_tag="feature-extraction",
+        datasets=training["datasets"] or None, pipeline_tag="feature-extraction",
         model_name=_model_name(model_id), eval_results=results,
     )
     errors = report["attention_relative_error"]
@@ -182,8 +178,8 @@ def render_conversion_card(output_dir: str | Path, *, report: dict[str, Any], mo
     heldout_source = report["heldout"]["source"]
     card = ModelCard.from_template(
         card_data, template_path=str(TEMPLATES / "converted.md"), model_name=_model_name(model_id),
-        base_model=base, base_model_url=_model_url(base), adapter_only=report["adapter_only"],
-        layers_description=_layers_description(report["mechanism_options"]),
+        base_model_ref=_model_ref(base), adapter_only=report["adapter_only"],
+        layers_description=_layers_description(report["converted_layers"], report["mechanism_options"]),
         loading_code=_loading_code(model_id, model_class="AutoModel", mechanism=mechanism,
                                    adapter_base=base if report["adapter_only"] else None),
         training=training, training_text=", ".join(map(str, training["text"])),
@@ -232,7 +228,7 @@ def render_glue_card(output_dir: str | Path, *, base_model: str, task_name: str,
     )
     card = ModelCard.from_template(
         card_data, template_path=str(TEMPLATES / "glue.md"), model_name=_model_name(model_id),
-        base_model=base_model, base_model_url=_model_url(base_model), task_title=task_name.upper(),
+        base_model_ref=_model_ref(base_model), task_title=task_name.upper(),
         dataset_description=f"GLUE {task_name.upper()} ({dataset})", split=split,
         metrics={name: _fmt(value) for name, value in scores.items()},
         loading_code=_loading_code(model_id, model_class="AutoModelForSequenceClassification", mechanism=mechanism),

@@ -13,7 +13,7 @@ from huggingface_hub import ModelCard
 from safetensors.torch import load_file, save_file
 
 from hf_sliced_attn.cli import main
-from hf_sliced_attn.hub import PushError, push, render_glue_card, upload_plan
+from hf_sliced_attn.hub import PushError, push, render_conversion_card, render_glue_card, upload_plan
 
 
 def yaml_header(path: Path) -> dict:
@@ -73,6 +73,17 @@ def test_conversion_card(converted_roberta):
     for snippet in ("pip install hf-sliced-attn", "import hf_sliced_attn", f'AutoModel.from_pretrained("{output}")',
                     "arXiv 2512.11411", "Boufadène & Vialard", "## Fidelity to the original model", "## Limitations"):
         assert snippet in text
+
+
+def test_conversion_card_for_an_adapter_trained_on_a_hub_dataset(converted_roberta, tmp_path):
+    report = {**converted_roberta.report, "adapter_only": True, "license": "apache-2.0"}
+    report["training"] = {**report["training"], "datasets": ["someone/passages"]}
+    card = render_conversion_card(tmp_path, report=report, model_id="someone/adapter")
+    header = yaml_header(tmp_path / "README.md")
+    assert header["library_name"] == "peft" and header["datasets"] == ["someone/passages"]
+    assert header["license"] == "apache-2.0"
+    assert 'PeftModel.from_pretrained(base, "someone/adapter")' in str(card)
+    assert 'AutoModel.from_pretrained("FacebookAI/roberta-base", config=config)' in str(card)
 
 
 def test_push_dry_run_lists_exactly_the_files(converted_roberta, capsys):
