@@ -52,7 +52,7 @@ def test_conversion_end_to_end(checkpoint, mechanism, request, tmp_path):
     assert (output / "README.md").exists()
 
 
-def test_stage2_and_converted_loss_within_folder(converted_roberta):
+def test_report_holds_every_figure(converted_roberta):
     """The session's conversion: the report holds every figure the issue asks for."""
     report = converted_roberta.report
     for key in ("hidden_state_cosine", "embedding_cosine", "pairwise_spearman"):
