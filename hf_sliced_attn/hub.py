@@ -304,17 +304,17 @@ def push(folder: str | Path, repo_id: str, *, private: bool = False, revision: s
         raise PushError(f"{folder} is not a model folder (no config.json).")
     if (folder / CHECKPOINT_DIR).exists():
         raise PushError(f"{folder} holds an unfinished conversion ({CHECKPOINT_DIR}/): finish it with --resume first.")
-    card = publish_card(folder, repo_id)
-    files_ = upload_plan(folder)
+    card = publish_card(folder, repo_id).encode("utf-8")
+    files_ = sorted({*upload_plan(folder), "README.md"})
     echo(f"Checked: {folder} {verify_folder(folder)}.")
     if dry_run:
         where = f"{repo_id}" + (f" (revision {revision})" if revision else "") + (" [private]" if private else "")
         echo(f"Dry run: would upload {len(files_)} files to {where}:")
         for name in files_:
-            suffix = " (model card as below)" if name == "README.md" else ""
-            echo(f"  {name}  {(folder / name).stat().st_size} bytes{suffix}")
+            size, suffix = (len(card), " (the model card below)") if name == "README.md" else ((folder / name).stat().st_size, "")
+            echo(f"  {name}  {size} bytes{suffix}")
         echo("--- README.md ---")
-        echo(card)
+        echo(card.decode("utf-8"))
         return None
     token = token or get_token()
     problems = []
@@ -326,7 +326,7 @@ def push(folder: str | Path, repo_id: str, *, private: bool = False, revision: s
         raise PushError("Cannot push: " + "; and ".join(problems) + ". Nothing was uploaded.")
     operations = [CommitOperationAdd(path_in_repo=name, path_or_fileobj=str(folder / name))
                   for name in files_ if name != "README.md"]
-    operations.append(CommitOperationAdd(path_in_repo="README.md", path_or_fileobj=card.encode("utf-8")))
+    operations.append(CommitOperationAdd(path_in_repo="README.md", path_or_fileobj=card))
     api = HfApi(token=token)
     try:
         api.create_repo(repo_id, private=private, exist_ok=True)

@@ -136,3 +136,33 @@ def test_push_cli_exit_status(converted_roberta, tmp_path):
                            "--repo-id", "someone/tiny-sliced"], capture_output=True, text=True, env=env, timeout=300)
     assert done.returncode == 1, done.stderr
     assert "hf-sliced-attn push: error: Cannot push" in done.stderr
+
+
+def test_push_uploads_the_dry_run_files_in_one_commit(converted_roberta, monkeypatch):
+    """With the Hub replaced by a recorder: the commit holds exactly the planned files and the re-rendered card."""
+    calls = []
+
+    class RecordingApi:
+        def __init__(self, token):
+            calls.append(("token", token))
+
+        def create_repo(self, repo_id, private, exist_ok):
+            calls.append(("create_repo", repo_id, private))
+
+        def create_branch(self, repo_id, branch, exist_ok):
+            calls.append(("create_branch", repo_id, branch))
+
+        def create_commit(self, repo_id, operations, commit_message, revision):
+            calls.append(("create_commit", repo_id, sorted(op.path_in_repo for op in operations), revision))
+            card = next(op for op in operations if op.path_in_repo == "README.md").path_or_fileobj
+            calls.append(("card", card.decode() if isinstance(card, bytes) else card.read().decode()))
+            return type("Info", (), {"commit_url": "https://example.invalid/commit/1"})()
+
+    monkeypatch.setattr("hf_sliced_attn.hub.HfApi", RecordingApi)
+    monkeypatch.setattr("hf_sliced_attn.hub._offline", lambda: False)
+    output = converted_roberta.output_dir
+    url = push(output, "someone/tiny", private=True, revision="v1", token="hf_test", echo=lambda line: None)
+    assert url == "https://example.invalid/commit/1"
+    assert calls[:4] == [("token", "hf_test"), ("create_repo", "someone/tiny", True), ("create_branch", "someone/tiny", "v1"),
+                         ("create_commit", "someone/tiny", upload_plan(output), "v1")]
+    assert 'AutoModel.from_pretrained("someone/tiny")' in calls[4][1]
