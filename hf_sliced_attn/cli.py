@@ -39,7 +39,8 @@ def _layers(value: str) -> str | list[int]:
 def add_convert_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     """Add ``convert``: attention transfer from a softmax checkpoint (see :mod:`hf_sliced_attn.convert`)."""
     d = ConvertOptions.__dataclass_fields__
-    parser = subparsers.add_parser("convert", help="Convert a softmax encoder to sliced_relu or rela by attention transfer.")
+    parser = subparsers.add_parser("convert",
+                                   help="Convert a softmax encoder to sliced_relu or rela by attention transfer.")
     parser.add_argument("--model", required=True, help="path or Hub id of the softmax checkpoint")
     parser.add_argument("--attn", required=True, choices=MECHANISMS, help="the new attention")
     parser.add_argument("--layers", type=_layers, default="global", help="global (default), all, or indices like 0,2,4")
@@ -70,7 +71,8 @@ def add_convert_parser(subparsers: argparse._SubParsersAction) -> argparse.Argum
         ("heldout_fraction", float, "fraction split off --text when no --heldout-text is given"),
     ]:
         default = d[name].default
-        parser.add_argument(f"--{name.replace('_', '-')}", type=kind, default=default, help=f"{help_} (default: {default})")
+        parser.add_argument(f"--{name.replace('_', '-')}", type=kind, default=default,
+                            help=f"{help_} (default: {default})")
     parser.add_argument("--stage2-loss", choices=STAGE2_LOSSES, default=d["stage2_loss"].default,
                         help="stage 2 loss (default: mse)")
     parser.set_defaults(func=run_convert)
@@ -114,7 +116,8 @@ def add_push_parser(subparsers: argparse._SubParsersAction) -> argparse.Argument
 
 
 def run_push(args: argparse.Namespace) -> int:
-    push(args.folder, args.repo_id, private=args.private, revision=args.revision, dry_run=args.dry_run, token=args.token)
+    push(args.folder, args.repo_id, private=args.private, revision=args.revision, dry_run=args.dry_run,
+         token=args.token)
     return 0
 
 

@@ -333,7 +333,8 @@ def attention_transfer_loss(teacher: nn.Module, student: nn.Module, batch: dict[
     return torch.stack([masked_mse(predictions[i], targets[i], mask) for i in layers]).mean()
 
 
-def hidden_state_loss(teacher: nn.Module, student: nn.Module, batch: dict[str, torch.Tensor], kind: str) -> torch.Tensor:
+def hidden_state_loss(teacher: nn.Module, student: nn.Module, batch: dict[str, torch.Tensor],
+                      kind: str) -> torch.Tensor:
     """Stage 2: MSE or 1 - cosine between the final hidden states (B, T, C), over real tokens."""
     with torch.no_grad():
         target = teacher(**batch).last_hidden_state
@@ -379,7 +380,8 @@ def measure_fidelity(teacher: nn.Module, student: nn.Module, tokenizer: PreTrain
     teacher_embeddings, student_embeddings = [], []
     encodings = tokenize(tokenizer, texts, max_length)
     for start in range(0, len(encodings), batch_size):
-        batch = {k: v.to(device) for k, v in tokenizer.pad(encodings[start:start + batch_size], return_tensors="pt").items()}
+        padded = tokenizer.pad(encodings[start:start + batch_size], return_tensors="pt")
+        batch = {k: v.to(device) for k, v in padded.items()}
         mask = batch["attention_mask"]
         with tap_attention(teacher) as targets:
             teacher_hidden = teacher(**batch).last_hidden_state
@@ -430,7 +432,8 @@ def embed(model: nn.Module, tokenizer: PreTrainedTokenizerBase, texts: Sequence[
 
 def load_converted(folder: str | Path) -> PreTrainedModel | PeftModel:
     """Load a converted folder through the plugin, in eval mode: a checkpoint (as the class in
-    its ``config.architectures``), or a peft adapter (``adapter_config.json``) on its base model with the plugin config saved beside it.
+    its ``config.architectures``), or a peft adapter (``adapter_config.json``) on its base model,
+    with the plugin config saved beside it.
 
     Raises ValueError if any weight is missing or unexpected, or if the mechanism was not selected.
     """

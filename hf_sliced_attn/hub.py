@@ -248,7 +248,8 @@ def upload_plan(folder: str | Path) -> list[str]:
     paths = []
     for path in sorted(folder.rglob("*")):
         relative = path.relative_to(folder)
-        if path.is_file() and relative.parts[0] != CHECKPOINT_DIR and not any(p.startswith(".") for p in relative.parts):
+        hidden = any(part.startswith(".") for part in relative.parts)
+        if path.is_file() and relative.parts[0] != CHECKPOINT_DIR and not hidden:
             paths.append(relative.as_posix())
     return paths
 
@@ -260,7 +261,8 @@ def verify_folder(folder: str | Path) -> str:
     try:
         if (folder / REPORT_NAME).exists():
             difference = check_reference(folder)
-            return f"loads through the plugin and reproduces the outputs recorded at conversion (max diff {difference:.2g})"
+            return ("loads through the plugin and reproduces the outputs recorded at conversion "
+                    f"(max diff {difference:.2g})")
         first, second = (_sample_output(folder) for _ in range(2))
         if not torch.equal(first, second):
             raise ValueError("two loads give different outputs (some weights are initialised at random on load).")
@@ -311,8 +313,10 @@ def push(folder: str | Path, repo_id: str, *, private: bool = False, revision: s
         where = f"{repo_id}" + (f" (revision {revision})" if revision else "") + (" [private]" if private else "")
         echo(f"Dry run: would upload {len(files_)} files to {where}:")
         for name in files_:
-            size, suffix = (len(card), " (the model card below)") if name == "README.md" else ((folder / name).stat().st_size, "")
-            echo(f"  {name}  {size} bytes{suffix}")
+            if name == "README.md":
+                echo(f"  {name}  {len(card)} bytes (the model card below)")
+            else:
+                echo(f"  {name}  {(folder / name).stat().st_size} bytes")
         echo("--- README.md ---")
         echo(card.decode("utf-8"))
         return None

@@ -163,6 +163,7 @@ def test_push_uploads_the_dry_run_files_in_one_commit(converted_roberta, monkeyp
     output = converted_roberta.output_dir
     url = push(output, "someone/tiny", private=True, revision="v1", token="hf_test", echo=lambda line: None)
     assert url == "https://example.invalid/commit/1"
-    assert calls[:4] == [("token", "hf_test"), ("create_repo", "someone/tiny", True), ("create_branch", "someone/tiny", "v1"),
+    assert calls[:4] == [("token", "hf_test"), ("create_repo", "someone/tiny", True),
+                         ("create_branch", "someone/tiny", "v1"),
                          ("create_commit", "someone/tiny", upload_plan(output), "v1")]
     assert 'AutoModel.from_pretrained("someone/tiny")' in calls[4][1]

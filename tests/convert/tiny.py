@@ -31,7 +31,8 @@ def word_tokenizer() -> PreTrainedTokenizerFast:
 def tiny_checkpoint(model_type: str, path: Path, seed: int = 0) -> Path:
     """Save a randomly initialised 2-layer (ModernBERT: 3-layer) encoder and its tokenizer to ``path``."""
     tokenizer = word_tokenizer()
-    common = dict(hidden_size=32, num_attention_heads=4, intermediate_size=64, vocab_size=len(tokenizer), pad_token_id=0)
+    common = dict(hidden_size=32, num_attention_heads=4, intermediate_size=64, vocab_size=len(tokenizer),
+                  pad_token_id=0)
     if model_type == "roberta":
         config = RobertaConfig(**common, num_hidden_layers=2, max_position_embeddings=160,
                                hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
