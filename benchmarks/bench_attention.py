@@ -1,7 +1,7 @@
 """CPU benchmark of sliced ReLU attention and ReLA against softmax attention.
 
-Run ``python benchmarks/bench_attention.py`` (full, 10-20 min) or ``--quick`` (a small
-subset, < 2 min). Every contender of a group is measured in the same run, on the same
+Run ``python benchmarks/bench_attention.py`` (full: about 20-25 min on 2 otherwise idle
+cores, much longer when other jobs share them) or ``--quick`` (a small subset, about a minute). Every contender of a group is measured in the same run, on the same
 inputs: CPU, float32, B = 1, H = 12 heads, D = 64, ``torch.set_num_threads(os.cpu_count())``.
 
 Groups (all contenders map q, k, v (1, 12, T, 64) to (1, 12, T, 64)):
@@ -56,6 +56,7 @@ import os
 import platform
 import re
 import statistics
+import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -394,9 +395,10 @@ def plot_group(bench: Bench, stem: str, title: str, contenders: list[Contender],
             ax.set_yscale("log")
             ax.set_xlabel("sequence length T")
             ax.set_ylabel(unit)
-            ax.set_title(f"{title}: {kind}, {mode}")
+            ax.set_title(mode)
             ax.grid(True, which="both", alpha=0.3)
             ax.legend()
+        fig.suptitle(f"{title}: {kind}")
         path = output / f"{stem}_{kind}.png"
         fig.savefig(path, dpi=110)
         plt.close(fig)
@@ -466,6 +468,18 @@ def memory_slope(bench: Bench, name: str, lengths: list[int]) -> str:
 # --------------------------------------------------------------------------- main
 
 
+def source_state() -> str:
+    """The commit benchmarked, and the package files that differ from it (the ops are what is timed)."""
+    root = Path(__file__).resolve().parents[1]
+
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], cwd=root, capture_output=True, text=True).stdout.rstrip()
+
+    commit = git("rev-parse", "--short", "HEAD") or "unknown"
+    dirty = git("status", "--porcelain", "--", "hf_sliced_attn").splitlines()
+    return f"commit {commit}" + (f" with uncommitted changes to {', '.join(line[3:] for line in dirty)}" if dirty else "")
+
+
 def sanity_check() -> None:
     """The contenders compute what they claim, at T = 64, before anything is timed."""
     q, k, v = (x.detach().double() for x in _qkv(64))
@@ -495,7 +509,7 @@ def main(argv: list[str] | None = None) -> int:
     environment = (
         f"torch {torch.__version__}, {platform.processor() or platform.machine()}, {os.cpu_count()} cores "
         f"({torch.get_num_threads()} torch threads), {psutil.virtual_memory().total / 2**30:.0f} GiB RAM, "
-        f"Python {platform.python_version()}; B=1, H={HEADS}, D={HEAD_DIM}, float32"
+        f"Python {platform.python_version()}; B=1, H={HEADS}, D={HEAD_DIM}, float32; {source_state()}"
     )
     load_start = os.getloadavg()[0]
     print(environment, f"load average {load_start:.1f}", flush=True)
@@ -532,7 +546,7 @@ def main(argv: list[str] | None = None) -> int:
     ]
     for stem, title, contenders, lengths in groups:
         sections.append(group_tables(bench, title, contenders, lengths))
-        plot_group(bench, stem, title.split(",")[0], contenders, lengths, output)
+        plot_group(bench, stem, title, contenders, lengths, output)
     report = "\n".join(sections)
     print("\n" + report)
     (output / "attention.md").write_text(report)
