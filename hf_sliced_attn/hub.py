@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from importlib.resources import files
@@ -91,8 +92,9 @@ def base_model_license(source: str | Path) -> str | None:
 
 
 def _hub_id(name: str | None) -> str | None:
-    """``name`` if it is a Hub id rather than a local path (only Hub ids belong in ``base_model``)."""
-    return name if name and not Path(name).exists() and name.count("/") <= 1 else None
+    """``name`` if it looks like a Hub id ("org/name") rather than a local path or a description
+    (only Hub ids belong in ``base_model`` and ``datasets``)."""
+    return name if name and not Path(name).exists() and re.fullmatch(r"[\w.-]+(/[\w.-]+)?", name) else None
 
 
 def _model_ref(name: str) -> str:
@@ -202,28 +204,31 @@ def render_glue_card(output_dir: str | Path, *, base_model: str, task_name: str,
 
     ``metrics`` are the evaluation results on ``split`` (e.g. ``{"eval_accuracy": 0.91}``;
     an ``eval_`` prefix is dropped, and losses, runtimes and counters are left out of the
-    ``model-index``). ``dataset_name`` is the Hub dataset trained on (default ``nyu-mll/glue``);
-    ``model_id`` names the model in the loading snippet (default: the folder's path).
+    ``model-index``). ``dataset_name`` is the Hub dataset trained on (default ``nyu-mll/glue``), or
+    a description of local data (then the metadata lists no dataset); ``model_id`` names the model
+    in the loading snippet (default: the folder's path).
     """
     if mechanism not in MECHANISMS:
         raise ValueError(f"Unknown mechanism {mechanism!r}: the valid ones are {list(MECHANISMS)}.")
     output_dir = Path(output_dir)
     model_id = model_id or str(output_dir)
     dataset = dataset_name or "nyu-mll/glue"
+    dataset_id = _hub_id(dataset)
     scores = {name.removeprefix("eval_"): float(value) for name, value in metrics.items()
               if isinstance(value, (int, float)) and not any(part in name for part in NON_METRICS)}
     if not scores:
         raise ValueError(f"No evaluation metric in {metrics!r}.")
     results = [
         EvalResult(task_type="text-classification", task_name=f"GLUE {task_name.upper()}",
-                   dataset_type=dataset, dataset_name=f"GLUE {task_name.upper()}", dataset_config=task_name,
+                   dataset_type=dataset_id or "glue", dataset_name=f"GLUE {task_name.upper()}",
+                   dataset_config=task_name,
                    dataset_split=split, metric_type=name, metric_value=round(value, 4))
         for name, value in scores.items()
     ]
     card_data = ModelCardData(
         base_model=_hub_id(base_model), library_name="transformers",
         license=license or base_model_license(base_model), tags=[PLUGIN_TAG, MECHANISMS[mechanism].tag, "glue"],
-        datasets=[dataset] if _hub_id(dataset) else None, pipeline_tag="text-classification",
+        datasets=[dataset_id] if dataset_id else None, pipeline_tag="text-classification",
         model_name=_model_name(model_id), eval_results=results,
     )
     card = ModelCard.from_template(

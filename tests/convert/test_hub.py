@@ -57,6 +57,17 @@ def test_glue_card(tmp_path):
         assert text in str(card)
 
 
+def test_glue_card_on_local_data_lists_no_dataset(tmp_path):
+    render_glue_card(tmp_path, base_model="FacebookAI/roberta-base", task_name="mrpc", mechanism="sliced_relu",
+                     metrics={"eval_f1": 0.8, "eval_accuracy": 0.75},
+                     dataset_name="the GLUE-format sample bundled with hf-sliced-attn (glue_sample/mrpc)")
+    header = yaml_header(tmp_path / "README.md")
+    assert "datasets" not in header and header["base_model"] == "FacebookAI/roberta-base"
+    metrics = header["model-index"][0]["results"][0]["metrics"]
+    assert {m["type"]: m["value"] for m in metrics} == {"f1": 0.8, "accuracy": 0.75}
+    assert "glue_sample/mrpc" in (tmp_path / "README.md").read_text()
+
+
 def test_glue_card_rejects_unknown_mechanism(tmp_path):
     with pytest.raises(ValueError, match="sliced_relu"):
         render_glue_card(tmp_path, base_model="b", task_name="sst2", metrics={"accuracy": 1.0}, mechanism="linear")
