@@ -1,4 +1,4 @@
-"""The ``hf-sliced-attn`` command: a thin dispatcher over subcommands.
+"""The hf-sliced-attn command line: a thin dispatcher over subcommands.
 
     hf-sliced-attn convert --model PATH_OR_ID --attn sliced_relu --text FILE... --output DIR
     hf-sliced-attn push DIR --repo-id USER/NAME [--dry-run]
