@@ -112,7 +112,7 @@ def _order_keys(s: Tensor, t: Tensor, valid: Tensor) -> _KeyOrder:
     k_len = t.shape[-1]
     valid = valid.view(batch, 1, 1, k_len)
     n_valid = valid.sum(-1, keepdim=True).expand(batch, heads, slices, 1)
-    s64, t64 = s.double(), t.double()
+    s64, t64 = s.double().contiguous(), t.double().contiguous()
     centre = torch.where(valid, t64, 0.0).sum(-1, keepdim=True) / n_valid.clamp_min(1)
     s64, t64 = s64 - centre, torch.where(valid, t64 - centre, 0.0)
     t_sorted, perm = t64.masked_fill(~valid, float("inf")).sort(-1)
