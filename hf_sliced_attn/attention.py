@@ -99,53 +99,54 @@ def _notify(mechanism: str, module: nn.Module, query: torch.Tensor, key: torch.T
                  key_padding_mask=key_padding_mask, scaling=scaling, sliding_window=sliding_window)
 
 
-def sliced_relu_attention_forward(
-    module: nn.Module,
-    query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    attention_mask: torch.Tensor | None,
-    *,
-    scaling: float | None = None,
-    dropout: float = 0.0,
-    sliding_window: int | None = None,
-    **kwargs,
-) -> tuple[torch.Tensor, None]:
+def _sliced_relu(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                 key_padding_mask: torch.Tensor | None, scaling: float | None,
+                 sliding_window: int | None) -> torch.Tensor:
     """Sliced ReLU attention with ``module.sliced_projection``: (B, H, T, D) -> (B, T, H, D)."""
-    padding = key_padding_mask_from(attention_mask, key)
-    if _layer_mode(module, "sliced_relu") == SOFTMAX:
-        return _softmax_attention(module, query, key, value, padding, scaling, dropout, sliding_window), None
-    _notify("sliced_relu", module, query, key, value, padding, scaling, sliding_window)
     query_scalars, key_scalars = module.sliced_projection(query, key)
     if sliding_window is None:
-        out = sliced_relu(query_scalars, key_scalars, value, padding)
+        out = sliced_relu(query_scalars, key_scalars, value, key_padding_mask)
     else:
-        out = windowed_sliced_relu(query_scalars, key_scalars, value, padding, sliding_window=sliding_window)
-    return out.transpose(1, 2), None
+        out = windowed_sliced_relu(query_scalars, key_scalars, value, key_padding_mask, sliding_window=sliding_window)
+    return out.transpose(1, 2)
 
 
-def rela_attention_forward(
-    module: nn.Module,
-    query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    attention_mask: torch.Tensor | None,
-    *,
-    scaling: float | None = None,
-    dropout: float = 0.0,
-    sliding_window: int | None = None,
-    **kwargs,
-) -> tuple[torch.Tensor, None]:
-    """ReLA with ``module.rela_norm`` over the concatenated heads: (B, H, T, D) -> (B, T, H, D)."""
-    padding = key_padding_mask_from(attention_mask, key)
-    if _layer_mode(module, "rela") == SOFTMAX:
-        return _softmax_attention(module, query, key, value, padding, scaling, dropout, sliding_window), None
-    _notify("rela", module, query, key, value, padding, scaling, sliding_window)
-    out = rela(query, key, value, padding, scaling=scaling, sliding_window=sliding_window).transpose(1, 2)
+def _rela(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+          key_padding_mask: torch.Tensor | None, scaling: float | None,
+          sliding_window: int | None) -> torch.Tensor:
+    """ReLA, then ``module.rela_norm`` over the concatenated heads: (B, H, T, D) -> (B, T, H, D)."""
+    out = rela(query, key, value, key_padding_mask, scaling=scaling, sliding_window=sliding_window).transpose(1, 2)
     batch, length, heads, head_dim = out.shape
-    normed = module.rela_norm(out.reshape(batch, length, heads * head_dim))
-    return normed.view(batch, length, heads, head_dim), None
+    return module.rela_norm(out.reshape(batch, length, heads * head_dim)).view(batch, length, heads, head_dim)
 
+
+def _attention_function(mechanism: str, attend: Callable[..., torch.Tensor]) -> Callable[..., tuple[torch.Tensor, None]]:
+    """transformers' attention-function signature around ``attend``, for one mechanism."""
+
+    def attention_forward(
+        module: nn.Module,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        attention_mask: torch.Tensor | None,
+        *,
+        scaling: float | None = None,
+        dropout: float = 0.0,
+        sliding_window: int | None = None,
+        **kwargs,
+    ) -> tuple[torch.Tensor, None]:
+        padding = key_padding_mask_from(attention_mask, key)
+        if _layer_mode(module, mechanism) == SOFTMAX:
+            return _softmax_attention(module, query, key, value, padding, scaling, dropout, sliding_window), None
+        _notify(mechanism, module, query, key, value, padding, scaling, sliding_window)
+        return attend(module, query, key, value, padding, scaling, sliding_window), None
+
+    attention_forward.__name__ = attention_forward.__qualname__ = f"{mechanism}_attention_forward"
+    return attention_forward
+
+
+sliced_relu_attention_forward = _attention_function("sliced_relu", _sliced_relu)
+rela_attention_forward = _attention_function("rela", _rela)
 
 ATTENTION_FUNCTIONS: dict[str, Callable[..., tuple[torch.Tensor, None]]] = {
     "sliced_relu": sliced_relu_attention_forward,
