@@ -25,7 +25,10 @@ def add_analyze_parser(subparsers: argparse._SubParsersAction) -> argparse.Argum
     parser = subparsers.add_parser(
         "analyze",
         help="Measure a ReLA model's attention sparsity, null-attention rate and head diversity.",
-        description=__doc__.split("\n\n")[0],
+        description=(
+            "Run a ReLA model over text and report, per layer and head, the fraction of exactly-zero attention "
+            "weights, the fraction of queries that attend to nothing, and head diversity."
+        ),
     )
     parser.add_argument("model", help="path or hub id of a model converted to ReLA (with its tokenizer)")
     parser.add_argument("--text", required=True, type=Path, help="text file, one text per line")
