@@ -85,14 +85,14 @@ def _valid_pairs(
 
 def _check(
     q_len: int, k_len: int, value: torch.Tensor, key_padding_mask: torch.Tensor | None,
-    sliding_window: int, block: int | None,
+    sliding_window: int, block_size: int | None,
 ) -> int:
     """Validate the arguments both ops share; return the block size."""
     if isinstance(sliding_window, bool) or not isinstance(sliding_window, int) or sliding_window < 1:
         raise ValueError(f"sliding_window must be an int >= 1, got {sliding_window!r}")
-    block = sliding_window if block is None else block
+    block = sliding_window if block_size is None else block_size
     if isinstance(block, bool) or not isinstance(block, int) or block < 1:
-        raise ValueError(f"block must be an int >= 1, got {block!r}")
+        raise ValueError(f"block_size must be an int >= 1, got {block!r}")
     if q_len != k_len:
         raise ValueError(
             f"queries and keys must have the same length (self-attention only), got Tq={q_len}, Tk={k_len}"
@@ -113,12 +113,12 @@ def windowed_sliced_relu(
     key_padding_mask: torch.Tensor | None = None,
     *,
     sliding_window: int,
-    block: int | None = None,
+    block_size: int | None = None,
 ) -> torch.Tensor:
     """Sliced ReLU attention restricted to |i - j| <= sliding_window - 1 (see the module doc).
 
     query_scalars, key_scalars: (B, H, T) or (B, H, M, T); value (B, H, T, D);
-    key_padding_mask (B, T) bool, True = real. ``block`` (default ``sliding_window``) is
+    key_padding_mask (B, T) bool, True = real. ``block_size`` (default ``sliding_window``) is
     the query block size. Returns (B, H, T, D) in value's dtype.
     """
     if query_scalars.dim() != key_scalars.dim() or query_scalars.dim() not in (3, 4):
@@ -126,7 +126,7 @@ def windowed_sliced_relu(
             "query_scalars and key_scalars must both be (B, H, T) or (B, H, M, T), "
             f"got {tuple(query_scalars.shape)} and {tuple(key_scalars.shape)}"
         )
-    block = _check(query_scalars.shape[-1], key_scalars.shape[-1], value, key_padding_mask, sliding_window, block)
+    block = _check(query_scalars.shape[-1], key_scalars.shape[-1], value, key_padding_mask, sliding_window, block_size)
     if query_scalars.dim() == 3:
         query_scalars, key_scalars = query_scalars.unsqueeze(2), key_scalars.unsqueeze(2)
     batch, heads, length, _ = value.shape
@@ -165,17 +165,17 @@ def windowed_softmax(
     *,
     scaling: float | None = None,
     sliding_window: int,
-    block: int | None = None,
+    block_size: int | None = None,
 ) -> torch.Tensor:
     """Softmax attention restricted to |i - j| <= sliding_window - 1 (see the module doc).
 
     query, key, value: (B, H, T, D); key_padding_mask (B, T) bool, True = real; scaling
-    defaults to D^-1/2; ``block`` (default ``sliding_window``) is the query block size.
+    defaults to D^-1/2; ``block_size`` (default ``sliding_window``) is the query block size.
     A query with no valid key gets 0. Returns (B, H, T, D) in query's dtype.
     """
     if query.dim() != 4 or key.dim() != 4:
         raise ValueError(f"query and key must be (B, H, T, D), got {tuple(query.shape)} and {tuple(key.shape)}")
-    block = _check(query.shape[2], key.shape[2], value, key_padding_mask, sliding_window, block)
+    block = _check(query.shape[2], key.shape[2], value, key_padding_mask, sliding_window, block_size)
     if query.shape != key.shape or key.shape[:3] != value.shape[:3]:
         raise ValueError(
             f"query {tuple(query.shape)}, key {tuple(key.shape)} and value {tuple(value.shape)} "

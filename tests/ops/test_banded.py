@@ -48,7 +48,7 @@ def test_windowed_sliced_relu_matches_reference(batch, heads, slices, length, di
     mask = _padding_mask(batch, length, gen) if padded else None
     grad_out = torch.randn(batch, heads, length, dim, generator=gen)
 
-    out = windowed_sliced_relu(s, t, v, mask, sliding_window=window, block=block)
+    out = windowed_sliced_relu(s, t, v, mask, sliding_window=window, block_size=block)
     grads = torch.autograd.grad(out, (s, t, v), grad_out)
     s64, t64, v64 = (x.detach().double().requires_grad_() for x in (s, t, v))
     ref = sliced_relu_reference(s64, t64, v64, mask, sliding_window=window)
@@ -72,7 +72,7 @@ def test_windowed_softmax_matches_reference(batch, heads, slices, length, dim, w
     mask = _padding_mask(batch, length, gen) if padded else None
     grad_out = torch.randn(batch, heads, length, dim, generator=gen)
 
-    out = windowed_softmax(q, k, v, mask, scaling=0.7, sliding_window=window, block=block)
+    out = windowed_softmax(q, k, v, mask, scaling=0.7, sliding_window=window, block_size=block)
     grads = torch.autograd.grad(out, (q, k, v), grad_out)
     q64, k64, v64 = (x.detach().double().requires_grad_() for x in (q, k, v))
     ref = windowed_softmax_reference(q64, k64, v64, mask, scaling=0.7, sliding_window=window)
@@ -102,8 +102,8 @@ def test_result_does_not_depend_on_block(block):
     mask = _padding_mask(2, 50, gen)
     base_relu = windowed_sliced_relu(s, t, v, mask, sliding_window=7)
     base_soft = windowed_softmax(q, k, v, mask, sliding_window=7)
-    torch.testing.assert_close(windowed_sliced_relu(s, t, v, mask, sliding_window=7, block=block), base_relu)
-    torch.testing.assert_close(windowed_softmax(q, k, v, mask, sliding_window=7, block=block), base_soft)
+    torch.testing.assert_close(windowed_sliced_relu(s, t, v, mask, sliding_window=7, block_size=block), base_relu)
+    torch.testing.assert_close(windowed_softmax(q, k, v, mask, sliding_window=7, block_size=block), base_soft)
 
 
 def test_gradcheck_float64():
@@ -112,10 +112,10 @@ def test_gradcheck_float64():
     s, t = (torch.randn(2, 1, 2, 6, generator=gen, dtype=torch.float64).requires_grad_() for _ in range(2))
     q, k, v = (torch.randn(2, 1, 6, 2, generator=gen, dtype=torch.float64).requires_grad_() for _ in range(3))
     assert torch.autograd.gradcheck(
-        lambda s, t, v: windowed_sliced_relu(s, t, v, mask, sliding_window=3, block=2), (s, t, v)
+        lambda s, t, v: windowed_sliced_relu(s, t, v, mask, sliding_window=3, block_size=2), (s, t, v)
     )
     assert torch.autograd.gradcheck(
-        lambda q, k, v: windowed_softmax(q, k, v, mask, sliding_window=3, block=2), (q, k, v)
+        lambda q, k, v: windowed_softmax(q, k, v, mask, sliding_window=3, block_size=2), (q, k, v)
     )
 
 
@@ -151,7 +151,7 @@ def test_zero_denominator_gives_zero():
     [
         ({"sliding_window": 0}, "sliding_window"),
         ({"sliding_window": 2.0}, "sliding_window"),
-        ({"sliding_window": 3, "block": 0}, "block"),
+        ({"sliding_window": 3, "block_size": 0}, "block_size must be"),
         ({"sliding_window": 3, "key_length": 9}, "same length"),
         ({"sliding_window": 3, "mask": torch.ones(2, 9, dtype=torch.bool)}, "key_padding_mask"),
     ],
