@@ -25,7 +25,7 @@ import torch
 from torch import nn
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-from .ops import rela, sliced_relu, windowed_sliced_relu, windowed_softmax
+from .ops import rela, sliced_relu, value_mean, windowed_sliced_relu, windowed_softmax
 
 LAYER_MODE_ATTR = "hf_sliced_attn_mode"
 """Set on every patched attention module: the mechanism's name, or "softmax" for a kept layer."""
@@ -102,12 +102,16 @@ def _notify(mechanism: str, module: nn.Module, query: torch.Tensor, key: torch.T
 def _sliced_relu(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                  key_padding_mask: torch.Tensor | None, scaling: float | None,
                  sliding_window: int | None) -> torch.Tensor:
-    """Sliced ReLU attention with ``module.sliced_projection``: (B, H, T, D) -> (B, T, H, D)."""
+    """Sliced ReLU attention with ``module.sliced_projection``, then ``module.sliced_output`` if the
+    layer has one (``affine_output``): (B, H, T, D) -> (B, T, H, D)."""
     query_scalars, key_scalars = module.sliced_projection(query, key)
     if sliding_window is None:
         out = sliced_relu(query_scalars, key_scalars, value, key_padding_mask)
     else:
         out = windowed_sliced_relu(query_scalars, key_scalars, value, key_padding_mask, sliding_window=sliding_window)
+    affine = getattr(module, "sliced_output", None)
+    if affine is not None:
+        out = affine(out, value_mean(value, key_padding_mask, sliding_window=sliding_window))
     return out.transpose(1, 2)
 
 

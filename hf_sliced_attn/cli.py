@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from accelerate import PartialState
 
 from .analysis_cli import add_analyze_parser
-from .config import MECHANISMS
+from .config import MECHANISMS, SlicedReluConfig
 from .convert import STAGE2_LOSSES, ConvertOptions, convert
 from .hub import PushError, push
 
@@ -45,6 +45,11 @@ def add_convert_parser(subparsers: argparse._SubParsersAction) -> argparse.Argum
     parser.add_argument("--attn", required=True, choices=MECHANISMS, help="the new attention")
     parser.add_argument("--layers", type=_layers, default="global", help="global (default), all, or indices like 0,2,4")
     parser.add_argument("--num-slices", type=int, help="sliced_relu: directions per head (default: the plugin's)")
+    parser.add_argument("--projection", choices=SlicedReluConfig.PROJECTIONS,
+                        help="sliced_relu: how queries and keys become scalars (default for conversions: mlp, the "
+                             "authors' projection; linear: the paper's formula)")
+    parser.add_argument("--affine-output", action=argparse.BooleanOptionalAction, default=None,
+                        help="sliced_relu: learned gain and mean value per head (default for conversions: on)")
     parser.add_argument("--text", nargs="+", required=True,
                         help="training text: text files (one passage per line), saved datasets or dataset names")
     parser.add_argument("--heldout-text", nargs="+",
@@ -82,7 +87,8 @@ def add_convert_parser(subparsers: argparse._SubParsersAction) -> argparse.Argum
 def run_convert(args: argparse.Namespace) -> int:
     options = ConvertOptions(
         model=args.model, mechanism=args.attn, output_dir=args.output, text=args.text, heldout_text=args.heldout_text,
-        layers=args.layers, num_slices=args.num_slices, text_column=args.text_column, text_split=args.text_split,
+        layers=args.layers, num_slices=args.num_slices, projection=args.projection,
+        affine_output=args.affine_output, text_column=args.text_column, text_split=args.text_split,
         heldout_fraction=args.heldout_fraction, steps=args.steps, stage2_steps=args.stage2_steps,
         stage2_loss=args.stage2_loss, lr=args.lr, stage2_lr=args.stage2_lr, warmup_steps=args.warmup_steps,
         lora_r=args.lora_r, lora_alpha=args.lora_alpha, batch_size=args.batch_size, max_length=args.max_length,

@@ -72,6 +72,12 @@ CHECKPOINT_DIR = "checkpoints"
 STAGE2_LOSSES = ("mse", "cosine")
 REFERENCE_TEXTS = 4
 """How many held-out texts the report keeps, with their embeddings, to check a folder later."""
+SLICED_RELU_CONVERSION_DEFAULTS: dict[str, Any] = {"projection": "mlp", "affine_output": True}
+"""The sliced_relu options a conversion uses unless told otherwise. The paper's plain formula
+(a linear projection, no gain, centred values only) loses the mean value and half the weight
+of a softmax layer; the authors' MLP projection and the learned gain and mean value
+(:class:`hf_sliced_attn.config.SlicedReluConfig`) bring all-MiniLM-L6-v2 from an embedding
+cosine of 0.93 to above 0.95 (README, "Conversion fidelity")."""
 
 
 @dataclass
@@ -90,6 +96,10 @@ class ConvertOptions:
     layers: str | list[int] = "global"
     num_slices: int | None = None
     """sliced_relu only: M directions per head (None: the plugin's default)."""
+    projection: str | None = None
+    """sliced_relu only: "linear" or "mlp" (None: "mlp", see :data:`SLICED_RELU_CONVERSION_DEFAULTS`)."""
+    affine_output: bool | None = None
+    """sliced_relu only: learned gain and mean value per head (None: True)."""
     text_column: str = "text"
     text_split: str = "train"
     heldout_fraction: float = 0.1
@@ -116,8 +126,9 @@ class ConvertOptions:
     def __post_init__(self) -> None:
         if self.mechanism not in MECHANISMS:
             raise ValueError(f"Unknown attention {self.mechanism!r}: the valid ones are {list(MECHANISMS)}.")
-        if self.num_slices is not None and self.mechanism != "sliced_relu":
-            raise ValueError("num_slices applies to sliced_relu only.")
+        given = [name for name in ("num_slices", "projection", "affine_output") if getattr(self, name) is not None]
+        if given and self.mechanism != "sliced_relu":
+            raise ValueError(f"{', '.join(given)} apply to sliced_relu only.")
         if self.stage2_loss not in STAGE2_LOSSES:
             raise ValueError(f"Unknown stage-2 loss {self.stage2_loss!r}: the valid ones are {list(STAGE2_LOSSES)}.")
         for name in ("steps", "batch_size", "max_length", "checkpoint_every", "lora_r"):
@@ -135,8 +146,11 @@ class ConvertOptions:
     def mechanism_options(self) -> dict[str, Any]:
         """The options handed to :func:`hf_sliced_attn.prepare_config`."""
         options: dict[str, Any] = {"layers": self.layers}
-        if self.num_slices is not None:
-            options["num_slices"] = self.num_slices
+        if self.mechanism == "sliced_relu":
+            options.update(SLICED_RELU_CONVERSION_DEFAULTS)
+        for name in ("num_slices", "projection", "affine_output"):
+            if getattr(self, name) is not None:
+                options[name] = getattr(self, name)
         return options
 
     def fingerprint(self) -> str:

@@ -54,10 +54,12 @@ MECHANISMS: dict[str, Mechanism] = {
         authors="Boufadène & Vialard",
         paper_title=None,
         description=(
-            "Each head projects its queries and keys onto M learned directions w (`sliced_projection`), "
-            "s_i = ⟨w, q_i⟩ and t_j = ⟨w, k_j⟩, and attends with the kernel ReLU(s_i − t_j) / Σ_l |s_i − t_l| "
-            "to the centred values; the M kernels are averaged. Sorting the scalars makes it exact in "
-            "O(n log n) time and O(n) memory: no n × n attention matrix is formed."
+            "Each head projects its queries and keys to M scalars (`sliced_projection`: learned directions w, "
+            "s_i = ⟨w, q_i⟩ and t_j = ⟨w, k_j⟩, or the authors' MLP over all heads), and attends with the kernel "
+            "ReLU(s_i − t_j) / Σ_l |s_i − t_l| to the centred values; the M kernels are averaged. With "
+            "`affine_output`, a learned per-head gain and share of the mean value follow (`sliced_output`). "
+            "Sorting the scalars makes it exact in O(n log n) time and O(n) memory: no n × n attention "
+            "matrix is formed."
         ),
     ),
     "rela": Mechanism(
@@ -132,6 +134,10 @@ def _layers_description(layers: list[int], options: dict[str, Any]) -> str:
     text = f"in layer{'s' if len(layers) > 1 else ''} {', '.join(map(str, layers))}"
     if "num_slices" in options:
         text += f", {options['num_slices']} slice(s) per head"
+    if "projection" in options:
+        text += f", {options['projection']} projection"
+    if options.get("affine_output"):
+        text += ", learned output gain and mean value"
     return text
 
 

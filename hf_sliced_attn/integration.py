@@ -26,10 +26,12 @@ from transformers.masking_utils import AttentionMaskInterface, flash_attention_m
 from .attention import ATTENTION_FUNCTIONS, LAYER_MODE_ATTR, SOFTMAX
 from .config import CONFIG_KEY, MECHANISMS, MechanismConfig, make_mechanism_config, mechanism_config_from_dict
 from .models import ARCHITECTURES, SUPPORTED_MODEL_TYPES, ArchitectureSpec, spec_for
-from .modules import GatedRMSNorm, SlicedProjection
+from .modules import GatedRMSNorm, SlicedMLPProjection, SlicedOutputAffine, SlicedProjection
 
-MODULE_NAMES: dict[str, str] = {"sliced_relu": "sliced_projection", "rela": "rela_norm"}
-"""The attribute under which each mechanism's module sits on an attention module."""
+MODULE_NAMES: dict[str, tuple[str, ...]] = {"sliced_relu": ("sliced_projection", "sliced_output"), "rela": ("rela_norm",)}
+"""The attributes under which each mechanism's modules sit on an attention module (``sliced_output``
+only with ``affine_output=True``)."""
+PLUGIN_MODULE_NAMES: frozenset[str] = frozenset(name for names in MODULE_NAMES.values() for name in names)
 
 
 def mechanism_config_of(config: PretrainedConfig) -> MechanismConfig | None:
@@ -96,25 +98,40 @@ def attach_modules(module: nn.Module, config: PretrainedConfig, spec: Architectu
         return []
     num_heads, head_dim = spec.head_shape(module)
     if options.mechanism == "sliced_relu":
-        new = SlicedProjection(num_heads, head_dim, options.num_slices)
+        projection = SlicedMLPProjection if options.projection == "mlp" else SlicedProjection
+        new = {"sliced_projection": projection(num_heads, head_dim, options.num_slices)}
+        if options.affine_output:
+            new["sliced_output"] = SlicedOutputAffine(num_heads)
     else:
-        new = GatedRMSNorm(num_heads * head_dim, eps=options.norm_eps)
-    setattr(module, MODULE_NAMES[options.mechanism], new)
-    return [new]
+        new = {"rela_norm": GatedRMSNorm(num_heads * head_dim, eps=options.norm_eps)}
+    for name, child in new.items():
+        setattr(module, name, child)
+    return list(new.values())
 
 
 def init_plugin_module(module: nn.Module, config: PretrainedConfig) -> None:
     """Initialise a plugin module, skipping tensors that were loaded from a checkpoint.
 
     Directions are normal with std D^-1/2 (unit norm in expectation; the kernel is
-    invariant to their scale). The RMSNorm scale starts at ones and the gate is normal
-    with the model's ``initializer_range``.
+    invariant to their scale). The MLP projection's weights are normal with the model's
+    ``initializer_range`` and its biases zero (its own, whatever the architecture's
+    ``_init_weights`` does with a bare Linear). The output gain starts at 2 and the mean
+    weight at 1 (see :class:`SlicedOutputAffine`). The RMSNorm scale starts at ones and
+    the gate is normal with ``initializer_range``.
     """
+    std = getattr(config, "initializer_range", 0.02)
     if isinstance(module, SlicedProjection):
         init.normal_(module.directions, mean=0.0, std=module.head_dim**-0.5)
+    elif isinstance(module, SlicedMLPProjection):
+        for linear in (module.hidden, module.to_scalars):
+            init.normal_(linear.weight, mean=0.0, std=std)
+            init.zeros_(linear.bias)
+    elif isinstance(module, SlicedOutputAffine):
+        init.constant_(module.gain, 2.0)
+        init.ones_(module.mean_weight)
     elif isinstance(module, GatedRMSNorm):
         init.ones_(module.scale)
-        init.normal_(module.gate, mean=0.0, std=getattr(config, "initializer_range", 0.02))
+        init.normal_(module.gate, mean=0.0, std=std)
 
 
 def _patch_attention_init(attention_class: type[nn.Module], spec: ArchitectureSpec) -> None:
@@ -173,7 +190,7 @@ def _patch_set_attn_implementation(pretrained_class: type[PreTrainedModel], spec
                     reference = next(attention.parameters())
                     for new in attach_modules(attention, self.config, spec):
                         new.to(device=reference.device, dtype=reference.dtype)
-                        self._init_weights(new)
+                        new.apply(self._init_weights)
 
     pretrained_class.set_attn_implementation = set_attn_implementation
 
@@ -218,7 +235,7 @@ def register() -> None:
 def modules_to_save(model: nn.Module) -> list[str]:
     """The names of the plugin's modules in ``model``, for peft ``LoraConfig(modules_to_save=...)``."""
     present = {name.rsplit(".", 1)[-1] for name, _ in model.named_modules()}
-    return [name for name in MODULE_NAMES.values() if name in present]
+    return sorted(PLUGIN_MODULE_NAMES & present)
 
 
 def lora_target_modules(model: PreTrainedModel) -> str:

@@ -38,6 +38,64 @@ class SlicedProjection(nn.Module):
         return f"num_heads={self.num_heads}, head_dim={self.head_dim}, num_slices={self.num_slices}"
 
 
+class SlicedMLPProjection(nn.Module):
+    """The projection of the authors' code (SiwanB/Sliced_ReLU_Attention): one MLP over all heads.
+
+    The queries of a token, concatenated over heads (H*D), go through
+    ``hidden`` Linear(H*D, H*D) -> GELU -> ``to_scalars`` Linear(H*D, H*M), which gives the M
+    scalars of every head; keys go through the same MLP. For queries (B, H, Tq, D) and keys
+    (B, H, Tk, D) it returns s (B, H, M, Tq) and t (B, H, M, Tk), like :class:`SlicedProjection`.
+    The order it induces on the keys is a nonlinear function of all heads' keys.
+    """
+
+    def __init__(self, num_heads: int, head_dim: int, num_slices: int = 1) -> None:
+        super().__init__()
+        self.num_heads, self.head_dim, self.num_slices = num_heads, head_dim, num_slices
+        width = num_heads * head_dim
+        self.hidden = nn.Linear(width, width)
+        self.activation = nn.GELU()
+        self.to_scalars = nn.Linear(width, num_heads * num_slices)
+
+    def _scalars(self, x: torch.Tensor) -> torch.Tensor:
+        """(B, H, T, D) -> (B, H, M, T)."""
+        batch, heads, length, head_dim = x.shape
+        tokens = x.transpose(1, 2).reshape(batch, length, heads * head_dim)
+        scalars = self.to_scalars(self.activation(self.hidden(tokens)))  # (B, T, H*M)
+        return scalars.view(batch, length, heads, self.num_slices).permute(0, 2, 3, 1)
+
+    def forward(self, query: torch.Tensor, key: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self._scalars(query), self._scalars(key)
+
+    def extra_repr(self) -> str:
+        return f"num_heads={self.num_heads}, head_dim={self.head_dim}, num_slices={self.num_slices}"
+
+
+class SlicedOutputAffine(nn.Module):
+    """A learned per-head gain on the sliced ReLU output, plus a learned share of the mean value.
+
+    out_h = gain_h * attention_h + mean_weight_h * vbar_h, with attention (B, H, T, D), vbar
+    (B, H, T or 1, D) the mean value the query sees, and ``gain``, ``mean_weight`` (H,).
+    The kernel weights ReLU(s_i - t_j) / sum_l |s_i - t_l| add up to at most 1 (1/2 for a
+    median query) and act on centred values, while softmax weights add up to 1 and keep
+    the mean value: ``gain`` starts at 2, the constant of the authors' code, and
+    ``mean_weight`` at 1, so a converted layer starts from the full mean value.
+    """
+
+    def __init__(self, num_heads: int) -> None:
+        super().__init__()
+        self.num_heads = num_heads
+        self.gain = nn.Parameter(torch.empty(num_heads))
+        self.mean_weight = nn.Parameter(torch.empty(num_heads))
+
+    def forward(self, attention: torch.Tensor, value_mean: torch.Tensor) -> torch.Tensor:
+        gain = self.gain.to(attention.dtype)[:, None, None]
+        mean_weight = self.mean_weight.to(attention.dtype)[:, None, None]
+        return gain * attention + mean_weight * value_mean
+
+    def extra_repr(self) -> str:
+        return f"num_heads={self.num_heads}"
+
+
 class GatedRMSNorm(nn.Module):
     """ReLA's gated RMSNorm over all heads together (arXiv 2104.07012, eq. 5).
 

@@ -8,5 +8,6 @@ from .banded import windowed_sliced_relu, windowed_softmax
 from .norm import gated_rms_norm
 from .rela import rela
 from .sliced_relu import sliced_relu
+from .value_mean import value_mean
 
-__all__ = ["gated_rms_norm", "rela", "sliced_relu", "windowed_sliced_relu", "windowed_softmax"]
+__all__ = ["gated_rms_norm", "rela", "sliced_relu", "value_mean", "windowed_sliced_relu", "windowed_softmax"]

@@ -73,6 +73,21 @@ def sliced_relu_reference(
     return out.mean(2).to(value.dtype)
 
 
+def value_mean_reference(
+    value: torch.Tensor,
+    key_padding_mask: torch.Tensor | None = None,
+    sliding_window: int | None = None,
+) -> torch.Tensor:
+    """Mean of the values of the keys each query may see, in float64; 0 where it sees none.
+
+    value (B, H, T, D) -> (B, H, T, D) in value's dtype (one row per query, with or
+    without a window).
+    """
+    batch, _, length, _ = value.shape
+    mask = _pair_mask(batch, length, length, key_padding_mask, sliding_window, value.device).double()
+    return ((mask @ value.double()) / mask.sum(-1, keepdim=True).clamp_min(1)).to(value.dtype)
+
+
 def rela_reference(
     query: torch.Tensor,
     key: torch.Tensor,

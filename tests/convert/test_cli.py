@@ -72,3 +72,18 @@ def test_bad_layer_list(tiny_roberta, tmp_path, capsys):
     with pytest.raises(SystemExit):
         main(convert_args(tiny_roberta, tmp_path / "o", "--layers", "first"))
     assert "layer indices like 0,2,4" in capsys.readouterr().err
+
+
+def test_sliced_relu_options_reach_the_saved_config(tiny_roberta, tmp_path):
+    output = tmp_path / "out"
+    args = convert_args(tiny_roberta, output, "--heldout-text", HELDOUT_TEXT, "--num-slices", "2",
+                        "--projection", "linear", "--no-affine-output")
+    args[args.index("rela")] = "sliced_relu"
+    assert main(args) == 0
+    options = json.loads((output / "config.json").read_text())["hf_sliced_attn"]
+    assert (options["num_slices"], options["projection"], options["affine_output"]) == (2, "linear", False)
+
+
+def test_sliced_relu_options_with_rela_are_an_error(tiny_roberta, tmp_path, capsys):
+    assert main(convert_args(tiny_roberta, tmp_path / "o", "--projection", "mlp")) == 1
+    assert "projection apply to sliced_relu only" in capsys.readouterr().err

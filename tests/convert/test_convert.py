@@ -13,6 +13,7 @@ from hf_sliced_attn.attention import LAYER_MODE_ATTR
 from hf_sliced_attn.convert import (
     CHECKPOINT_DIR,
     REPORT_NAME,
+    SLICED_RELU_CONVERSION_DEFAULTS,
     attention_modules,
     check_reference,
     convert,
@@ -31,7 +32,7 @@ def assert_converted_folder(output, mechanism: str) -> None:
     assert all(not info[key] for key in ("missing_keys", "unexpected_keys", "mismatched_keys")), info
     assert model.config._attn_implementation == mechanism  # selected by config.json alone
     converted = [m for m in attention_modules(model) if getattr(m, LAYER_MODE_ATTR) == mechanism]
-    assert converted and all(hasattr(m, MODULE_NAMES[mechanism]) for m in converted)
+    assert converted and all(hasattr(m, MODULE_NAMES[mechanism][0]) for m in converted)
     assert not (output / CHECKPOINT_DIR).exists()
     AutoTokenizer.from_pretrained(output)
     check_reference(output)
@@ -50,6 +51,22 @@ def test_conversion_end_to_end(checkpoint, mechanism, request, tmp_path):
     assert_converted_folder(output, mechanism)
     assert json.loads((output / REPORT_NAME).read_text()) == result.report
     assert (output / "README.md").exists()
+
+
+def test_sliced_relu_conversions_use_the_conversion_options_unless_told(converted_roberta, tiny_roberta, tmp_path):
+    saved = AutoConfig.from_pretrained(converted_roberta.output_dir).hf_sliced_attn
+    assert {k: saved[k] for k in SLICED_RELU_CONVERSION_DEFAULTS} == SLICED_RELU_CONVERSION_DEFAULTS
+    output = tmp_path / "plain"
+    convert(tiny_options(tiny_roberta, output, projection="linear", affine_output=False, num_slices=2, steps=2))
+    saved = AutoConfig.from_pretrained(output).hf_sliced_attn
+    assert (saved["projection"], saved["affine_output"], saved["num_slices"]) == ("linear", False, 2)
+    assert_converted_folder(output, "sliced_relu")
+
+
+@pytest.mark.parametrize("option", [{"projection": "mlp"}, {"affine_output": True}, {"num_slices": 2}])
+def test_sliced_relu_options_are_refused_for_rela(tiny_roberta, tmp_path, option):
+    with pytest.raises(ValueError, match=f"{next(iter(option))} apply to sliced_relu only"):
+        tiny_options(tiny_roberta, tmp_path / "o", mechanism="rela", **option)
 
 
 def test_report_holds_every_figure(converted_roberta):

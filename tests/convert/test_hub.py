@@ -120,7 +120,7 @@ def test_push_refuses_a_modified_folder(converted_roberta, tmp_path):
     copy = tmp_path / "copy"
     shutil.copytree(converted_roberta.output_dir, copy)
     weights = load_file(copy / "model.safetensors")
-    name = next(k for k in weights if k.endswith("sliced_projection.directions"))
+    name = next(k for k in weights if k.endswith("sliced_projection.hidden.weight"))
     weights[name] = weights[name] + 0.5
     save_file(weights, copy / "model.safetensors", metadata={"format": "pt"})
     with pytest.raises(PushError, match="differ from the ones recorded"):

@@ -11,7 +11,9 @@ from peft import LoraConfig, get_peft_model
 from transformers import AutoConfig, AutoModel, AutoModelForSequenceClassification, GPT2Config, GPT2Model
 
 import hf_sliced_attn
-from hf_sliced_attn.attention import LAYER_MODE_ATTR
+from hf_sliced_attn.attention import LAYER_MODE_ATTR, sliced_relu_attention_forward
+from hf_sliced_attn.modules import SlicedMLPProjection, SlicedOutputAffine
+from hf_sliced_attn.ops.naive import sliced_relu_reference, value_mean_reference
 
 from .tiny_models import MODEL_TYPES, VOCAB, tiny_config
 
@@ -195,7 +197,8 @@ def test_options_are_saved_and_select_layers(vanilla_dir, tmp_path):
     assert model.encoder.layer[0].attention.self.sliced_projection.directions.shape == (4, 3, 8)
     model.save_pretrained(tmp_path)
     reloaded = AutoModel.from_pretrained(tmp_path)
-    assert reloaded.config.hf_sliced_attn == {"mechanism": "sliced_relu", "num_slices": 3, "layers": [0, 2]}
+    assert reloaded.config.hf_sliced_attn == {"mechanism": "sliced_relu", "num_slices": 3, "layers": [0, 2],
+                                              "projection": "linear", "affine_output": False}
     assert [getattr(m, LAYER_MODE_ATTR) for m in attention_modules(reloaded)] == modes
 
 
@@ -204,6 +207,9 @@ def test_options_are_saved_and_select_layers(vanilla_dir, tmp_path):
     [
         ("sliced_relu", {"layers": "local"}, "layers='local' is not valid"),
         ("sliced_relu", {"num_slices": 0}, "num_slices=0 is not valid"),
+        ("sliced_relu", {"projection": "conv"}, r"projection='conv' is not valid: use one of \['linear', 'mlp'\]"),
+        ("sliced_relu", {"affine_output": "yes"}, "affine_output='yes' is not valid: it must be True or False"),
+        ("rela", {"projection": "mlp"}, r"Unknown option\(s\) \['projection'\] for 'rela'"),
         ("rela", {"num_slices": 2}, r"Unknown option\(s\) \['num_slices'\] for 'rela'"),
         ("softmax", {}, r"valid ones are \['sliced_relu', 'rela'\]"),
     ],
@@ -224,3 +230,65 @@ def test_decoders_are_refused():
     config.is_decoder = True
     with pytest.raises(ValueError, match="is for encoders"):
         AutoModel.from_config(config, attn_implementation="rela")
+
+
+CONVERSION_OPTIONS = {"projection": "mlp", "affine_output": True, "num_slices": 2}
+
+
+@pytest.mark.parametrize("vanilla_dir", MODEL_TYPES, indirect=True)
+def test_mlp_projection_and_affine_output_are_built_initialised_and_saved(vanilla_dir, tmp_path):
+    config = hf_sliced_attn.prepare_config(AutoConfig.from_pretrained(vanilla_dir), "sliced_relu", **CONVERSION_OPTIONS)
+    model = AutoModel.from_pretrained(vanilla_dir, config=config).eval()
+    converted = [m for m in attention_modules(model) if getattr(m, LAYER_MODE_ATTR) == "sliced_relu"]
+    assert converted
+    for attention in converted:
+        projection, affine = attention.sliced_projection, attention.sliced_output
+        assert isinstance(projection, SlicedMLPProjection) and isinstance(affine, SlicedOutputAffine)
+        width = projection.num_heads * projection.head_dim
+        assert projection.to_scalars.weight.shape == (projection.num_heads * 2, width)
+        assert 0.01 < projection.hidden.weight.std().item() < 0.03 and (projection.hidden.bias == 0).all()
+        assert (affine.gain == 2).all() and (affine.mean_weight == 1).all()
+    assert hf_sliced_attn.modules_to_save(model) == ["sliced_output", "sliced_projection"]
+
+    with torch.no_grad():  # move the new parameters off their initial values, to see them saved
+        for attention in converted:
+            attention.sliced_output.gain.uniform_(0.5, 3.0)
+            attention.sliced_output.mean_weight.uniform_(-1.0, 1.0)
+    model.save_pretrained(tmp_path)
+    reloaded, info = AutoModel.from_pretrained(tmp_path, output_loading_info=True)
+    assert not info["missing_keys"] and not info["unexpected_keys"] and not info["mismatched_keys"]
+    assert reloaded.config.hf_sliced_attn == {"mechanism": "sliced_relu", "layers": "global", **CONVERSION_OPTIONS}
+    ids, mask = tokens(2, 11), torch.ones(2, 11, dtype=torch.long)
+    mask[1, 6:] = 0
+    with torch.no_grad():
+        torch.testing.assert_close(reloaded.eval()(input_ids=ids, attention_mask=mask).last_hidden_state,
+                                   model(input_ids=ids, attention_mask=mask).last_hidden_state, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("sliding_window", [None, 3], ids=["global", "window3"])
+@pytest.mark.parametrize("padded", [False, True], ids=["nopad", "pad"])
+def test_sliced_relu_layer_is_the_kernel_scaled_plus_the_mean_value(sliding_window, padded):
+    """The attention function with an MLP projection and affine output equals its float64 composition."""
+    torch.manual_seed(0)
+    batch, heads, length, dim, slices = 2, 3, 9, 4, 2
+    layer = torch.nn.Module()
+    setattr(layer, LAYER_MODE_ATTR, "sliced_relu")
+    layer.sliced_projection = SlicedMLPProjection(heads, dim, slices)
+    layer.sliced_output = SlicedOutputAffine(heads)
+    with torch.no_grad():
+        layer.sliced_output.gain.copy_(torch.tensor([2.0, 0.5, -1.0]))
+        layer.sliced_output.mean_weight.copy_(torch.tensor([1.0, 0.0, 3.0]))
+    query, key, value = (torch.randn(batch, heads, length, dim) for _ in range(3))
+    mask = torch.ones(batch, length, dtype=torch.bool)
+    if padded:
+        mask[1, 5:] = False
+
+    out, _ = sliced_relu_attention_forward(layer, query, key, value, mask, sliding_window=sliding_window)
+    with torch.no_grad():
+        s, t = layer.sliced_projection(query, key)
+    kernel = sliced_relu_reference(s, t, value.double(), mask, sliding_window=sliding_window)
+    mean = value_mean_reference(value.double(), mask, sliding_window=sliding_window)
+    gain, weight = layer.sliced_output.gain.double()[:, None, None], layer.sliced_output.mean_weight.double()[:, None, None]
+    expected = (gain * kernel + weight * mean).transpose(1, 2)
+    assert out.shape == (batch, length, heads, dim)
+    torch.testing.assert_close(out.double(), expected, atol=1e-5, rtol=1e-5)

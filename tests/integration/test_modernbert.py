@@ -14,9 +14,9 @@ from .tiny_models import tiny_config
 WINDOW = 5  # tiny_config("modernbert"): local_attention=8 -> |i - j| <= 4
 
 
-def build(mechanism: str, layers) -> torch.nn.Module:
+def build(mechanism: str, layers, **options) -> torch.nn.Module:
     torch.manual_seed(0)
-    config = hf_sliced_attn.prepare_config(tiny_config("modernbert"), mechanism, layers=layers)
+    config = hf_sliced_attn.prepare_config(tiny_config("modernbert"), mechanism, layers=layers, **options)
     return AutoModel.from_config(config).eval()
 
 
@@ -31,10 +31,14 @@ def test_layer_selection(mechanism, layers, expected):
     assert [getattr(layer.attn, LAYER_MODE_ATTR) for layer in model.layers] == [e.format(m=mechanism) for e in expected]
 
 
-@pytest.mark.parametrize("mechanism, layers", [("sliced_relu", "all"), ("rela", "all"), ("rela", "global")])
-def test_local_layers_see_only_their_window(mechanism, layers):
+@pytest.mark.parametrize(
+    "mechanism, layers, options",
+    [("sliced_relu", "all", {}), ("sliced_relu", "all", {"projection": "mlp", "affine_output": True}),
+     ("rela", "all", {}), ("rela", "global", {})],
+)
+def test_local_layers_see_only_their_window(mechanism, layers, options):
     """Perturbing a token outside query i's window leaves the local layer's output at i unchanged."""
-    model = build(mechanism, layers)
+    model = build(mechanism, layers, **options)
     local = model.layers[1].attn
     length, query_pos, far = 24, 3, 15
     hidden = torch.randn(1, length, 32)
