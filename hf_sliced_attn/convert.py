@@ -60,6 +60,7 @@ from transformers import (
 
 from .attention import LAYER_MODE_ATTR, SOFTMAX
 from .config import CONFIG_KEY, MECHANISMS
+from .distributed import cpu_process_group_kwargs
 from .integration import lora_target_modules, modules_to_save, prepare_config
 from .models import spec_for
 
@@ -357,6 +358,29 @@ def hidden_state_loss(teacher: nn.Module, student: nn.Module, batch: dict[str, t
     return loss(prediction, target, batch["attention_mask"])
 
 
+class DistillationObjective(nn.Module):
+    """The training loss of a conversion as one module: ``forward(batch, stage)`` returns the loss.
+
+    Under several processes accelerate wraps it in DistributedDataParallel, which then sees
+    the loss as the output of its forward, and so finds which trainable parameters the loss
+    reaches (stage 1 leaves the LoRA after the attention unused). Wrapping the student alone
+    would not do: in stage 1 its output does not depend on its attention, whose outputs are
+    replaced by the teacher's (teacher forcing). The frozen teacher is not a submodule, so
+    neither DDP nor the checkpoints carry it.
+    """
+
+    def __init__(self, student: nn.Module, teacher: nn.Module, layers: Sequence[int], stage2_loss: str) -> None:
+        super().__init__()
+        self.student = student
+        self.__dict__["teacher"] = teacher
+        self.layers, self.stage2_loss = list(layers), stage2_loss
+
+    def forward(self, batch: dict[str, torch.Tensor], stage: int) -> torch.Tensor:
+        if stage == 1:
+            return attention_transfer_loss(self.teacher, self.student, batch, self.layers)
+        return hidden_state_loss(self.teacher, self.student, batch, self.stage2_loss)
+
+
 def lr_factor(step: int, options: ConvertOptions) -> float:
     """Multiplier of ``options.lr`` at ``step``: linear warmup then cosine decay in each stage;
     stage 2 starts again from ``stage2_lr``."""
@@ -541,21 +565,26 @@ def _latest_checkpoint(root: Path) -> Path | None:
     return root / pointer.read_text().strip() if pointer.exists() else None
 
 
-def _prepare_output(options: ConvertOptions) -> Path | None:
-    """Check the output folder; returns the checkpoint to resume from, if any."""
+def _prepare_output(options: ConvertOptions, accelerator: Accelerator) -> Path | None:
+    """Check the output folder; returns the checkpoint to resume from, if any.
+
+    Every process checks the same folder before any of them changes it (so all of them fail,
+    or none); then the main one empties it (``overwrite``) while the others wait.
+    """
     output = Path(options.output_dir)
     checkpoint = _latest_checkpoint(output / CHECKPOINT_DIR)
-    if options.resume:
-        if checkpoint is None:
-            raise FileNotFoundError(f"--resume: {output / CHECKPOINT_DIR} holds no checkpoint to resume from.")
-        return checkpoint
-    if output.exists() and any(output.iterdir()):
-        if not options.overwrite:
-            hint = " (it holds an interrupted conversion: pass --resume to continue it)" if checkpoint else ""
-            raise FileExistsError(f"The output folder {output} already exists and is not empty{hint}; "
-                                  "pass --overwrite to replace it.")
+    if options.resume and checkpoint is None:
+        raise FileNotFoundError(f"--resume: {output / CHECKPOINT_DIR} holds no checkpoint to resume from.")
+    occupied = not options.resume and output.exists() and any(output.iterdir())
+    if occupied and not options.overwrite:
+        hint = " (it holds an interrupted conversion: pass --resume to continue it)" if checkpoint else ""
+        raise FileExistsError(f"The output folder {output} already exists and is not empty{hint}; "
+                              "pass --overwrite to replace it.")
+    accelerator.wait_for_everyone()
+    if occupied and accelerator.is_main_process:
         shutil.rmtree(output)
-    return None
+    accelerator.wait_for_everyone()
+    return checkpoint if options.resume else None
 
 
 # --------------------------------------------------------------------------- conversion
@@ -588,11 +617,11 @@ def convert(options: ConvertOptions, on_step: Callable[[int, float], None] | Non
         raise ValueError(f"The held-out text {options.heldout_text} is empty.")
     train_texts, heldout_texts, heldout_note = split_heldout(texts, heldout, fraction=options.heldout_fraction,
                                                              seed=options.seed)
-    resume_from = _prepare_output(options)
+    accelerator = Accelerator(step_scheduler_with_optimizer=False, **cpu_process_group_kwargs(),
+                              kwargs_handlers=[DistributedDataParallelKwargs(find_unused_parameters=True)])
+    resume_from = _prepare_output(options, accelerator)
     output = Path(options.output_dir)
     checkpoints = output / CHECKPOINT_DIR
-    accelerator = Accelerator(step_scheduler_with_optimizer=False,
-                              kwargs_handlers=[DistributedDataParallelKwargs(find_unused_parameters=True)])
     set_seed(options.seed)
     tokenizer = AutoTokenizer.from_pretrained(options.model)
     teacher, student = build_student(options, config)
@@ -610,7 +639,8 @@ def convert(options: ConvertOptions, on_step: Callable[[int, float], None] | Non
 
     optimizer = torch.optim.AdamW([p for p in student.parameters() if p.requires_grad], lr=options.lr, weight_decay=0.0)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_factor(step, options))
-    student, optimizer, scheduler = accelerator.prepare(student, optimizer, scheduler)
+    objective = DistillationObjective(student, teacher, layers, options.stage2_loss)
+    objective, optimizer, scheduler = accelerator.prepare(objective, optimizer, scheduler)
 
     completed = 0
     if resume_from is not None:
@@ -635,13 +665,10 @@ def convert(options: ConvertOptions, on_step: Callable[[int, float], None] | Non
             batch = {k: v.to(accelerator.device) for k, v in
                      batches.get(completed, accelerator.process_index, accelerator.num_processes).items()}
             optimizer.zero_grad()
-            if completed < options.steps:
-                loss = attention_transfer_loss(teacher, student, batch, layers)
-            else:
-                loss = hidden_state_loss(teacher, student, batch, options.stage2_loss)
+            loss = objective(batch, stage=1 if completed < options.steps else 2)
             accelerator.backward(loss)
             with _deferred_interrupt():
-                accelerator.clip_grad_norm_(student.parameters(), 1.0)
+                accelerator.clip_grad_norm_(objective.parameters(), 1.0)
                 optimizer.step()
                 scheduler.step()
                 completed += 1
@@ -661,8 +688,8 @@ def convert(options: ConvertOptions, on_step: Callable[[int, float], None] | Non
     checkpoint()  # the finished state: if saving the result fails, --resume only redoes the saving
 
     if accelerator.is_main_process:
-        report = _finish(options, accelerator.unwrap_model(student), teacher, tokenizer, layers, state["before"],
-                         train_texts, heldout_texts, heldout_note)
+        report = _finish(options, accelerator.unwrap_model(objective).student, teacher, tokenizer, layers, state["before"],
+                         train_texts, heldout_texts, heldout_note, accelerator.num_processes)
         report["wall_time_s"] = state["elapsed_s"] + time.perf_counter() - started
         _write_outputs(options, report, output)
         shutil.rmtree(checkpoints)
@@ -673,7 +700,8 @@ def convert(options: ConvertOptions, on_step: Callable[[int, float], None] | Non
 
 def _finish(options: ConvertOptions, student: PeftModel, teacher: PreTrainedModel,
             tokenizer: PreTrainedTokenizerBase, layers: list[int], before: dict[str, Any],
-            train_texts: list[str], heldout_texts: list[str], heldout_note: str | None) -> dict[str, Any]:
+            train_texts: list[str], heldout_texts: list[str], heldout_note: str | None,
+            num_processes: int) -> dict[str, Any]:
     """Merge (or keep the adapter), save, reload through the plugin, and build the report."""
     output = Path(options.output_dir)
     student.eval()
@@ -709,7 +737,7 @@ def _finish(options: ConvertOptions, student: PeftModel, teacher: PreTrainedMode
                      "stage1_steps": options.steps,
                      "stage2_steps": options.stage2_steps, "stage2_loss": options.stage2_loss, "lr": options.lr,
                      "stage2_lr": options.stage2_lr, "lora_r": options.lora_r, "batch_size": options.batch_size,
-                     "max_length": options.max_length, "seed": options.seed},
+                     "max_length": options.max_length, "seed": options.seed, "num_processes": num_processes},
         "reference": reference,
     }
 

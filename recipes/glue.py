@@ -74,6 +74,7 @@ try:
 except ModuleNotFoundError:  # run from a source checkout without `pip install -e .`
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     import hf_sliced_attn
+from hf_sliced_attn.distributed import cpu_process_group_kwargs
 
 logger = get_logger(__name__)
 
@@ -638,10 +639,8 @@ def train(args) -> dict:
         args.task_name = "sst2"
         args.train_file = str(SAMPLE_DIR / "sst2" / "train.tsv")
         args.validation_file = str(SAMPLE_DIR / "sst2" / "validation.tsv")
-    # torchrun / `accelerate launch --multi_gpu --num_processes N` on a machine without GPUs: N CPU processes (gloo)
-    cpu_distributed = int(os.environ.get("WORLD_SIZE", "1")) > 1 and not torch.cuda.is_available()
     accelerator = Accelerator(
-        **({"cpu": True} if cpu_distributed else {}),
+        **cpu_process_group_kwargs(),  # several processes on a machine without GPUs: one gloo group
         gradient_accumulation_steps=args.gradient_accumulation_steps,
         mixed_precision=args.mixed_precision,
         log_with=args.report_to if args.with_tracking else None,
