@@ -65,6 +65,8 @@ def prepare_config(config: PretrainedConfig, mechanism: str, **options: Any) -> 
     ``options`` are the fields of :class:`~hf_sliced_attn.config.SlicedReluConfig` or
     :class:`~hf_sliced_attn.config.RelaConfig` (e.g. ``num_slices=4, layers="all"``). Use it as
     ``from_pretrained(path, config=prepare_config(AutoConfig.from_pretrained(path), "sliced_relu", num_slices=2))``.
+    A checkpoint already converted to ``mechanism`` keeps its saved options (they shape its
+    trained modules): an option that differs from them is an error.
     """
     spec_for(config.model_type)
     saved = getattr(config, CONFIG_KEY, None)
@@ -73,7 +75,20 @@ def prepare_config(config: PretrainedConfig, mechanism: str, **options: Any) -> 
             f"This config was converted to {saved.get('mechanism')!r}; it cannot be prepared for {mechanism!r}. "
             "Start from the original softmax checkpoint to convert it to another mechanism."
         )
-    setattr(config, CONFIG_KEY, make_mechanism_config(mechanism, **options).to_dict())
+    requested = make_mechanism_config(mechanism, **options)
+    if saved is not None:
+        # A converted checkpoint: its options shape the modules its weights were trained for.
+        converted = mechanism_config_from_dict(saved)
+        kept = {k: v for k, v in converted.to_dict().items() if k != "mechanism"}
+        if make_mechanism_config(mechanism, **{**kept, **options}) != converted:
+            changed = {k: requested.to_dict()[k] for k in options if requested.to_dict()[k] != kept[k]}
+            raise ValueError(
+                f"This checkpoint was converted with {kept}; it cannot take {changed}: these options "
+                "shape the trained modules. Leave them out to keep the converted ones, or start from the original "
+                "softmax checkpoint to convert with other options."
+            )
+        requested = converted
+    setattr(config, CONFIG_KEY, requested.to_dict())
     config._attn_implementation = mechanism
     return config
 

@@ -292,3 +292,17 @@ def test_sliced_relu_layer_is_the_kernel_scaled_plus_the_mean_value(sliding_wind
     expected = (gain * kernel + weight * mean).transpose(1, 2)
     assert out.shape == (batch, length, heads, dim)
     torch.testing.assert_close(out.double(), expected, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("vanilla_dir", ["roberta"], indirect=True)
+def test_prepare_config_keeps_the_options_of_a_converted_checkpoint(vanilla_dir, tmp_path):
+    config = hf_sliced_attn.prepare_config(AutoConfig.from_pretrained(vanilla_dir), "sliced_relu", **CONVERSION_OPTIONS)
+    AutoModel.from_pretrained(vanilla_dir, config=config).save_pretrained(tmp_path)
+    saved = AutoConfig.from_pretrained(tmp_path).hf_sliced_attn
+    for options in ({}, {"projection": "mlp"}, {"num_slices": 2, "affine_output": True}):
+        kept = hf_sliced_attn.prepare_config(AutoConfig.from_pretrained(tmp_path), "sliced_relu", **options)
+        assert kept.hf_sliced_attn == saved
+    with pytest.raises(ValueError, match=r"cannot take \{'projection': 'linear'\}: these options shape the trained"):
+        hf_sliced_attn.prepare_config(AutoConfig.from_pretrained(tmp_path), "sliced_relu", projection="linear")
+    with pytest.raises(ValueError, match="converted to 'sliced_relu'; it cannot be prepared for 'rela'"):
+        hf_sliced_attn.prepare_config(AutoConfig.from_pretrained(tmp_path), "rela")

@@ -406,6 +406,29 @@ def test_plugin_options_reach_the_config(tiny, tmp_path):
     assert model.bert.encoder.layer[0].attention.self.sliced_projection.directions.shape == (4, 3, 8)  # heads, slices, dim
 
 
+def test_a_converted_checkpoint_keeps_its_options_and_trained_modules(tiny, tmp_path, capsys):
+    from transformers import AutoConfig, AutoModel, AutoTokenizer
+
+    converted_dir = tmp_path / "converted"
+    config = hf_sliced_attn.prepare_config(AutoConfig.from_pretrained(tiny), "sliced_relu", projection="mlp",
+                                           affine_output=True, num_slices=2)
+    converted = AutoModel.from_pretrained(tiny, config=config)
+    converted.save_pretrained(converted_dir)
+    AutoTokenizer.from_pretrained(tiny).save_pretrained(converted_dir)
+    trained = {n: p for n, p in converted.state_dict().items() if ".sliced_" in n}
+
+    args = glue.parse_args([str(a) for a in common(converted_dir, tmp_path / "o") + DATA["sst2"]])
+    model = glue.build_model(args, glue.build_config(args, 2, [0, 1], False))
+    assert model.config.to_dict()[hf_sliced_attn.CONFIG_KEY] == converted.config.to_dict()[hf_sliced_attn.CONFIG_KEY]
+    loaded = {n.removeprefix("bert."): p for n, p in model.state_dict().items() if ".sliced_" in n}
+    assert loaded.keys() == trained.keys()
+    for name, tensor in trained.items():
+        torch.testing.assert_close(loaded[name], tensor, rtol=0, atol=0)
+    # Options that would rebuild the trained modules differently are refused.
+    expect_error(capsys, common(converted_dir, tmp_path / "o2") + DATA["sst2"] + ["--num_slices", 4],
+                 "converted with", "num_slices")
+
+
 def test_bad_plugin_options(capsys, tiny, tmp_path):
     expect_error(capsys, common(tiny, tmp_path / "o") + DATA["sst2"] + ["--attn_layers", "first"], "--attn_layers", "global")
     expect_error(capsys, common(tiny, tmp_path / "o", attn="rela") + DATA["sst2"] + ["--num_slices", 2], "sliced_relu")
