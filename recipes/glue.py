@@ -79,6 +79,8 @@ from hf_sliced_attn.distributed import cpu_process_group_kwargs
 logger = get_logger(__name__)
 
 RECIPES_DIR = Path(__file__).resolve().parent
+SLICED_RELU_OPTIONS = ("num_slices", "projection", "affine_output")
+"""Recipe flags that are sliced_relu options (hf_sliced_attn.SlicedReluConfig) of the same names."""
 PRESETS_FILE = RECIPES_DIR / "configs" / "presets.json"
 PACKAGE_DIR = Path(hf_sliced_attn.__file__).resolve().parent
 GLUE_METRIC_DIR = PACKAGE_DIR / "metrics" / "glue"
@@ -166,6 +168,10 @@ def build_parser() -> argparse.ArgumentParser:
     model.add_argument("--attn_implementation", default="sliced_relu", choices=ATTN_IMPLEMENTATIONS,
                        help="Attention of the encoder.")
     model.add_argument("--num_slices", type=int, default=None, help="sliced_relu: number of slices (plugin default if omitted).")
+    model.add_argument("--projection", choices=("linear", "mlp"), default=None,
+                       help="sliced_relu: 'linear' (the paper's) or 'mlp' (the authors' code) projection (plugin default if omitted).")
+    model.add_argument("--affine_output", action=argparse.BooleanOptionalAction, default=None,
+                       help="sliced_relu: learned per-head gain and mean value (plugin default if omitted).")
     model.add_argument("--attn_layers", default=None,
                        help="Layers that get the plugin's attention: 'global', 'all' or indices like '0,2,5' (plugin default if omitted).")
     model.add_argument("--ignore_mismatched_sizes", action="store_true",
@@ -263,8 +269,9 @@ def validate_args(args) -> None:
     if args.attn_implementation not in mechanisms and (args.num_slices is not None or args.attn_layers is not None):
         raise RecipeError(f"--num_slices/--attn_layers apply to the plugin's attentions ({', '.join(mechanisms)}), "
                           f"not to {args.attn_implementation!r}.")
-    if args.num_slices is not None and args.attn_implementation != "sliced_relu":
-        raise RecipeError("--num_slices only applies to --attn_implementation sliced_relu.")
+    sliced_only = [f"--{name}" for name in SLICED_RELU_OPTIONS if getattr(args, name) is not None]
+    if sliced_only and args.attn_implementation != "sliced_relu":
+        raise RecipeError(f"{', '.join(sliced_only)} only apply to --attn_implementation sliced_relu.")
 
 
 # ----------------------------------------------------------------------------- data
@@ -439,8 +446,7 @@ def build_config(args, num_labels: int, label_list, is_regression: bool):
         options = {}
         if args.attn_layers is not None:
             options["layers"] = parse_attn_layers(args.attn_layers)
-        if args.num_slices is not None:
-            options["num_slices"] = args.num_slices
+        options.update({name: getattr(args, name) for name in SLICED_RELU_OPTIONS if getattr(args, name) is not None})
         try:
             hf_sliced_attn.prepare_config(config, args.attn_implementation, **options)
         except ValueError as err:

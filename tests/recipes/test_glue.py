@@ -429,6 +429,18 @@ def test_a_converted_checkpoint_keeps_its_options_and_trained_modules(tiny, tmp_
                  "converted with", "num_slices")
 
 
+def test_sliced_relu_projection_and_affine_output_flags(tiny, tmp_path):
+    argv = common(tiny, tmp_path / "o") + DATA["sst2"] + ["--projection", "mlp", "--affine_output"]
+    args = glue.parse_args([str(a) for a in argv])
+    config = glue.build_config(args, 2, [0, 1], False)
+    options = config.to_dict()[hf_sliced_attn.CONFIG_KEY]
+    assert (options["projection"], options["affine_output"]) == ("mlp", True)
+    attention = glue.build_model(args, config).bert.encoder.layer[0].attention.self
+    assert type(attention.sliced_projection).__name__ == "SlicedMLPProjection" and hasattr(attention, "sliced_output")
+
+
 def test_bad_plugin_options(capsys, tiny, tmp_path):
     expect_error(capsys, common(tiny, tmp_path / "o") + DATA["sst2"] + ["--attn_layers", "first"], "--attn_layers", "global")
     expect_error(capsys, common(tiny, tmp_path / "o", attn="rela") + DATA["sst2"] + ["--num_slices", 2], "sliced_relu")
+    expect_error(capsys, common(tiny, tmp_path / "o", attn="rela") + DATA["sst2"] + ["--projection", "mlp", "--no-affine_output"],
+                 "--projection, --affine_output only apply to --attn_implementation sliced_relu")
