@@ -73,6 +73,8 @@ CHECKPOINT_DIR = "checkpoints"
 STAGE2_LOSSES = ("mse", "cosine")
 REFERENCE_TEXTS = 4
 """How many held-out texts the report keeps, with their embeddings, to check a folder later."""
+SLICED_RELU_OPTIONS = ("num_slices", "projection", "affine_output")
+"""The :class:`ConvertOptions` fields that are sliced_relu options of the same names."""
 SLICED_RELU_CONVERSION_DEFAULTS: dict[str, Any] = {"projection": "mlp", "affine_output": True}
 """The sliced_relu options a conversion uses unless told otherwise. The paper's plain formula
 (a linear projection, no gain, centred values only) loses the mean value and half the weight
@@ -127,7 +129,7 @@ class ConvertOptions:
     def __post_init__(self) -> None:
         if self.mechanism not in MECHANISMS:
             raise ValueError(f"Unknown attention {self.mechanism!r}: the valid ones are {list(MECHANISMS)}.")
-        given = [name for name in ("num_slices", "projection", "affine_output") if getattr(self, name) is not None]
+        given = [name for name in SLICED_RELU_OPTIONS if getattr(self, name) is not None]
         if given and self.mechanism != "sliced_relu":
             raise ValueError(f"{', '.join(given)} apply to sliced_relu only.")
         if self.stage2_loss not in STAGE2_LOSSES:
@@ -149,7 +151,7 @@ class ConvertOptions:
         options: dict[str, Any] = {"layers": self.layers}
         if self.mechanism == "sliced_relu":
             options.update(SLICED_RELU_CONVERSION_DEFAULTS)
-        for name in ("num_slices", "projection", "affine_output"):
+        for name in SLICED_RELU_OPTIONS:
             if getattr(self, name) is not None:
                 options[name] = getattr(self, name)
         return options
@@ -688,8 +690,9 @@ def convert(options: ConvertOptions, on_step: Callable[[int, float], None] | Non
     checkpoint()  # the finished state: if saving the result fails, --resume only redoes the saving
 
     if accelerator.is_main_process:
-        report = _finish(options, accelerator.unwrap_model(objective).student, teacher, tokenizer, layers, state["before"],
-                         train_texts, heldout_texts, heldout_note, accelerator.num_processes)
+        student = accelerator.unwrap_model(objective).student
+        report = _finish(options, student, teacher, tokenizer, layers, state["before"], train_texts, heldout_texts,
+                         heldout_note, accelerator.num_processes)
         report["wall_time_s"] = state["elapsed_s"] + time.perf_counter() - started
         _write_outputs(options, report, output)
         shutil.rmtree(checkpoints)

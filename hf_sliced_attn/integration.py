@@ -28,7 +28,10 @@ from .config import CONFIG_KEY, MECHANISMS, MechanismConfig, make_mechanism_conf
 from .models import ARCHITECTURES, SUPPORTED_MODEL_TYPES, ArchitectureSpec, spec_for
 from .modules import GatedRMSNorm, SlicedMLPProjection, SlicedOutputAffine, SlicedProjection
 
-MODULE_NAMES: dict[str, tuple[str, ...]] = {"sliced_relu": ("sliced_projection", "sliced_output"), "rela": ("rela_norm",)}
+MODULE_NAMES: dict[str, tuple[str, ...]] = {
+    "sliced_relu": ("sliced_projection", "sliced_output"),
+    "rela": ("rela_norm",),
+}
 """The attributes under which each mechanism's modules sit on an attention module (``sliced_output``
 only with ``affine_output=True``)."""
 PLUGIN_MODULE_NAMES: frozenset[str] = frozenset(name for names in MODULE_NAMES.values() for name in names)

@@ -288,7 +288,8 @@ def test_sliced_relu_layer_is_the_kernel_scaled_plus_the_mean_value(sliding_wind
         s, t = layer.sliced_projection(query, key)
     kernel = sliced_relu_reference(s, t, value.double(), mask, sliding_window=sliding_window)
     mean = value_mean_reference(value.double(), mask, sliding_window=sliding_window)
-    gain, weight = layer.sliced_output.gain.double()[:, None, None], layer.sliced_output.mean_weight.double()[:, None, None]
+    gain = layer.sliced_output.gain.double()[:, None, None]
+    weight = layer.sliced_output.mean_weight.double()[:, None, None]
     expected = (gain * kernel + weight * mean).transpose(1, 2)
     assert out.shape == (batch, length, heads, dim)
     torch.testing.assert_close(out.double(), expected, atol=1e-5, rtol=1e-5)
