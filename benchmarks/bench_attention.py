@@ -15,7 +15,9 @@ Groups (all contenders map q, k, v (1, 12, T, 64) to (1, 12, T, 64)):
 2. ``rela`` (this package's blocked op, ReLU(Q K^T / sqrt(D)) V) against ``sdpa`` and
    ``eager``, T = 128 ... 16384 (their softmax points are shared with group 1).
 3. A RoBERTa encoder (hidden 768, 12 heads, 2 layers, FFN 3072, dropout 0) built with
-   ``attn_implementation`` sliced_relu / rela / sdpa / eager, on input_ids (1, T).
+   ``attn_implementation`` sliced_relu / rela / sdpa / eager, on input_ids (1, T), and
+   ``sliced_relu_converted``: sliced_relu with the options conversions use (4 slices, the
+   MLP projection, the learned gain and mean value).
 
 Modes: ``fwd`` is the forward pass under ``torch.no_grad()``; ``fwd+bwd`` is the forward
 pass with autograd plus ``out.backward(g)`` for a fixed random g (inputs q, k, v, or the
@@ -62,6 +64,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
@@ -158,7 +161,9 @@ def _qkv_builder(op: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.
     return build
 
 
-def _encoder_builder(implementation: str) -> Builder:
+def _encoder_builder(implementation: str, **options: Any) -> Builder:
+    """An encoder with ``attn_implementation``; ``options`` go to ``hf_sliced_attn.prepare_config``."""
+
     def build(length: int) -> tuple[Forward, list[torch.Tensor]]:
         torch.manual_seed(0)
         config = RobertaConfig(
@@ -167,7 +172,8 @@ def _encoder_builder(implementation: str) -> Builder:
             attention_probs_dropout_prob=0.0,
         )
         if implementation in hf_sliced_attn.MECHANISMS:
-            model = AutoModel.from_config(hf_sliced_attn.prepare_config(config, implementation), add_pooling_layer=False)
+            config = hf_sliced_attn.prepare_config(config, implementation, **options)
+            model = AutoModel.from_config(config, add_pooling_layer=False)
         else:
             model = AutoModel.from_config(config, attn_implementation=implementation, add_pooling_layer=False)
         model.train()
@@ -203,6 +209,9 @@ ENCODER_GROUP = [
     Contender(f"encoder/{name}", _encoder_builder(name), exp, mem)
     for name, exp, mem in (("sliced_relu", 1.1, 1.0), ("rela", 2.0, 1.0), ("sdpa", 2.0, 1.0), ("eager", 2.0, 2.0))
 ]
+# What `hf-sliced-attn convert` builds (README, "Conversion fidelity"): 4 slices, MLP projection, affine output.
+ENCODER_GROUP.append(Contender("encoder/sliced_relu_converted", _encoder_builder(
+    "sliced_relu", num_slices=4, projection="mlp", affine_output=True), 1.1, 1.0))
 
 
 # --------------------------------------------------------------------------- measuring
