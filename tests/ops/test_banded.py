@@ -36,6 +36,21 @@ def _rel_err(actual: torch.Tensor, expected: torch.Tensor) -> float:
     return err / scale if scale > 1e-12 else err
 
 
+def _assert_matches_reference(op, reference, inputs: dict[str, torch.Tensor], grad_out: torch.Tensor) -> torch.Tensor:
+    """Check ``op`` (float32) against ``reference`` (float64) on ``inputs``, values and gradients; return op's output."""
+    out = op(*inputs.values())
+    grads = torch.autograd.grad(out, tuple(inputs.values()), grad_out)
+    inputs64 = [x.detach().double().requires_grad_() for x in inputs.values()]
+    ref = reference(*inputs64)
+    ref_grads = torch.autograd.grad(ref, inputs64, grad_out.double())
+    assert out.shape == grad_out.shape and out.dtype == torch.float32
+    assert _rel_err(out, ref) <= 1e-5
+    for name, g, rg in zip(inputs, grads, ref_grads):
+        assert torch.isfinite(g).all(), name
+        assert _rel_err(g, rg) <= 1e-4, name
+    return out
+
+
 @pytest.mark.parametrize("batch,heads,slices,length,dim,window,block", CASES)
 @pytest.mark.parametrize("padded", [False, True], ids=["nopad", "pad"])
 def test_windowed_sliced_relu_matches_reference(batch, heads, slices, length, dim, window, block, padded):
@@ -48,17 +63,11 @@ def test_windowed_sliced_relu_matches_reference(batch, heads, slices, length, di
     mask = _padding_mask(batch, length, gen) if padded else None
     grad_out = torch.randn(batch, heads, length, dim, generator=gen)
 
-    out = windowed_sliced_relu(s, t, v, mask, sliding_window=window, block_size=block)
-    grads = torch.autograd.grad(out, (s, t, v), grad_out)
-    s64, t64, v64 = (x.detach().double().requires_grad_() for x in (s, t, v))
-    ref = sliced_relu_reference(s64, t64, v64, mask, sliding_window=window)
-    ref_grads = torch.autograd.grad(ref, (s64, t64, v64), grad_out.double())
-
-    assert out.shape == (batch, heads, length, dim) and out.dtype == torch.float32
-    assert _rel_err(out, ref) <= 1e-5
-    for name, g, rg in zip("stv", grads, ref_grads):
-        assert torch.isfinite(g).all(), name
-        assert _rel_err(g, rg) <= 1e-4, name
+    out = _assert_matches_reference(
+        lambda *x: windowed_sliced_relu(*x, mask, sliding_window=window, block_size=block),
+        lambda *x: sliced_relu_reference(*x, mask, sliding_window=window),
+        dict(s=s, t=t, v=v), grad_out,
+    )
     if padded:
         assert (out[-1] == 0).all()
 
@@ -72,17 +81,11 @@ def test_windowed_softmax_matches_reference(batch, heads, slices, length, dim, w
     mask = _padding_mask(batch, length, gen) if padded else None
     grad_out = torch.randn(batch, heads, length, dim, generator=gen)
 
-    out = windowed_softmax(q, k, v, mask, scaling=0.7, sliding_window=window, block_size=block)
-    grads = torch.autograd.grad(out, (q, k, v), grad_out)
-    q64, k64, v64 = (x.detach().double().requires_grad_() for x in (q, k, v))
-    ref = windowed_softmax_reference(q64, k64, v64, mask, scaling=0.7, sliding_window=window)
-    ref_grads = torch.autograd.grad(ref, (q64, k64, v64), grad_out.double())
-
-    assert out.shape == (batch, heads, length, dim) and out.dtype == torch.float32
-    assert _rel_err(out, ref) <= 1e-5
-    for name, g, rg in zip("qkv", grads, ref_grads):
-        assert torch.isfinite(g).all(), name
-        assert _rel_err(g, rg) <= 1e-4, name
+    out = _assert_matches_reference(
+        lambda *x: windowed_softmax(*x, mask, scaling=0.7, sliding_window=window, block_size=block),
+        lambda *x: windowed_softmax_reference(*x, mask, scaling=0.7, sliding_window=window),
+        dict(q=q, k=k, v=v), grad_out,
+    )
     if padded:
         assert (out[-1] == 0).all()
 
