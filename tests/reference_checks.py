@@ -1,0 +1,66 @@
+"""One way to compare a fast op with its float64 reference, values and gradients, for every op test."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+
+import torch
+
+
+def relative_error(actual: torch.Tensor, expected: torch.Tensor, floor: float = 1e-6) -> float:
+    """max |actual - expected| / max |expected|, in float64.
+
+    The scale is floored at ``floor`` so that tensors that are 0 in exact arithmetic (every
+    gradient when there is a single key, a fully padded row) compare by absolute error.
+    """
+    if actual.shape != expected.shape:
+        raise AssertionError(f"shapes differ: {tuple(actual.shape)} vs {tuple(expected.shape)}")
+    if not expected.numel():
+        return 0.0
+    expected = expected.double()
+    scale = expected.abs().max().clamp_min(floor)
+    return ((actual.double() - expected).abs().max() / scale).item()
+
+
+def outputs_and_grads(
+    op: Callable[..., torch.Tensor], tensors: Mapping[str, torch.Tensor | None], *,
+    differentiable: Sequence[str] = (), dtype: torch.dtype | None = None, seed: int = 0, **options,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """op(**tensors, **options), and the gradients of <op(...), g> for the ``differentiable``
+    inputs, g a standard normal tensor drawn from ``seed`` (the same g for the same shape).
+
+    ``dtype`` (float64 for a reference) casts the floating inputs first; other tensors
+    (masks) and None pass as they are.
+    """
+    leaves = {}
+    for name, x in tensors.items():
+        if x is not None and x.is_floating_point():
+            x = x.detach().to(dtype or x.dtype).requires_grad_(name in differentiable)
+        leaves[name] = x
+    out = op(**leaves, **options)
+    if not differentiable:
+        return out, {}
+    grad_output = torch.randn(out.shape, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+    grads = torch.autograd.grad(out, [leaves[n] for n in differentiable], grad_output.to(out.dtype),
+                                allow_unused=True)
+    return out, {n: torch.zeros_like(leaves[n]) if g is None else g for n, g in zip(differentiable, grads)}
+
+
+def assert_matches_reference(
+    op: Callable[..., torch.Tensor], reference: Callable[..., torch.Tensor],
+    tensors: Mapping[str, torch.Tensor | None], *, differentiable: Sequence[str] = (),
+    rtol: float = 1e-5, grad_rtol: float = 1e-4, seed: int = 0, **options,
+) -> torch.Tensor:
+    """Run ``op`` on ``tensors`` and ``reference`` on their float64 copies (same ``options``).
+    Assert that the outputs agree to ``rtol`` and that the gradients of the ``differentiable``
+    inputs, for one random output gradient, agree to ``grad_rtol`` (both by
+    :func:`relative_error`). Returns the op's output."""
+    out, grads = outputs_and_grads(op, tensors, differentiable=differentiable, seed=seed, **options)
+    ref, ref_grads = outputs_and_grads(reference, tensors, differentiable=differentiable, dtype=torch.float64,
+                                       seed=seed, **options)
+    error = relative_error(out, ref)
+    assert error <= rtol, f"output: relative error {error:.3g} > {rtol}"
+    for name in differentiable:
+        error = relative_error(grads[name], ref_grads[name])
+        assert error <= grad_rtol, f"d/d{name}: relative error {error:.3g} > {grad_rtol}"
+    return out
