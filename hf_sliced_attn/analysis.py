@@ -44,7 +44,8 @@ import torch
 from torch import nn
 
 from .attention import observe_attention
-from .config import CONFIG_KEY
+from .mechanisms import CONFIG_KEY
+from .ops._common import band_mask, key_range
 
 __all__ = ["RelaAnalysis", "analyze_rela", "check_rela_config"]
 
@@ -229,17 +230,14 @@ def _observe_layer(
         torch.ones(batch, length, dtype=torch.bool, device=query.device)
         if key_padding_mask is None else key_padding_mask.bool()
     )
-    positions = torch.arange(length, device=query.device)
     for start in range(0, length, block_size):
         end = min(start + block_size, length)
-        lo, hi = (0, length) if sliding_window is None else (
-            max(0, start - sliding_window + 1), min(length, end + sliding_window - 1)
-        )
+        lo, hi = key_range(start, end, length, sliding_window)
         query_valid = valid[:, start:end]
         pair_valid = query_valid[:, :, None] & valid[:, None, lo:hi]
-        if sliding_window is not None:
-            offset = positions[start:end, None] - positions[None, lo:hi]
-            pair_valid &= offset.abs() <= sliding_window - 1
+        band = band_mask(start, end, lo, hi, sliding_window, query.device)
+        if band is not None:
+            pair_valid &= band
         _count_block(
             counts, query[:, :, start:end].double() * scaling, key[:, :, lo:hi].double(), query_valid, pair_valid
         )

@@ -40,11 +40,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from ._common import band_mask, check_key_padding_mask, check_sliding_window, compute_dtype
+
 __all__ = ["windowed_sliced_relu", "windowed_softmax"]
-
-
-def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
-    return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
 
 
 def _band(x: torch.Tensor, block: int, halo: int, dim: int) -> torch.Tensor:
@@ -77,10 +75,10 @@ def _valid_pairs(
     keys = torch.ones(1, length, dtype=torch.bool, device=device)
     if key_padding_mask is not None:
         keys = key_padding_mask.bool()
-    key_ok = _band(keys, block, halo, dim=1)  # (B, nb, L); False outside [0, T)
-    offset = torch.arange(block + 2 * halo, device=device)[None, :] - torch.arange(block, device=device)[:, None]
-    in_window = (offset >= 0) & (offset <= 2 * halo)  # (block, L)
-    return key_ok[:, :, None, :] & in_window
+    key_ok = _band(keys, block, halo, dim=1)[:, :, None, :]  # (B, nb, 1, L); False outside [0, T)
+    # Query r of a block sits at band position halo + r: the window is |halo + r - l| <= w - 1.
+    in_window = band_mask(halo, halo + block, 0, block + 2 * halo, window, device)  # (block, L) or None
+    return key_ok.expand(-1, -1, block, -1) if in_window is None else key_ok & in_window
 
 
 def _check(
@@ -88,8 +86,7 @@ def _check(
     sliding_window: int, block_size: int | None,
 ) -> int:
     """Validate the arguments both ops share; return the block size."""
-    if isinstance(sliding_window, bool) or not isinstance(sliding_window, int) or sliding_window < 1:
-        raise ValueError(f"sliding_window must be an int >= 1, got {sliding_window!r}")
+    check_sliding_window(sliding_window, required=True)
     block = sliding_window if block_size is None else block_size
     if isinstance(block, bool) or not isinstance(block, int) or block < 1:
         raise ValueError(f"block_size must be an int >= 1, got {block!r}")
@@ -99,10 +96,7 @@ def _check(
         )
     if value.dim() != 4 or value.shape[2] != k_len:
         raise ValueError(f"value must be (B, H, T, D) with T={k_len}, got {tuple(value.shape)}")
-    if key_padding_mask is not None and tuple(key_padding_mask.shape) != (value.shape[0], k_len):
-        raise ValueError(
-            f"key_padding_mask must be (B, T) = {(value.shape[0], k_len)}, got {tuple(key_padding_mask.shape)}"
-        )
+    check_key_padding_mask(key_padding_mask, value.shape[0], k_len)
     return block
 
 
@@ -136,7 +130,7 @@ def windowed_sliced_relu(
             f"scalars {tuple(query_scalars.shape)} / {tuple(key_scalars.shape)} do not match "
             f"value (B, H, T, D) = {tuple(value.shape)}"
         )
-    dtype = _compute_dtype(value.dtype)
+    dtype = compute_dtype(value.dtype)
     halo = sliding_window - 1
     s = _blocks(query_scalars.to(dtype), block, dim=-1)  # (B, H, M, nb, block)
     t = _band(key_scalars.to(dtype), block, halo, dim=-1)  # (B, H, M, nb, L)
@@ -183,7 +177,7 @@ def windowed_softmax(
         )
     batch, heads, length, _ = query.shape
     scaling = query.shape[-1] ** -0.5 if scaling is None else scaling
-    dtype = _compute_dtype(query.dtype)
+    dtype = compute_dtype(query.dtype)
     halo = sliding_window - 1
     # SDPA's fused CPU kernel takes 4-D inputs: the blocks go to the batch dim, (B * nb, H, ., D).
     q = _blocks(query.to(dtype), block, dim=2).transpose(1, 2).flatten(0, 1)  # (B * nb, H, block, D)

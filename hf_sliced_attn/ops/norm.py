@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import torch
 
+from ._common import compute_dtype
+
 __all__ = ["gated_rms_norm"]
 
 
@@ -40,7 +42,7 @@ def gated_rms_norm(
             )
     if not eps > 0:
         raise ValueError(f"eps must be > 0, got {eps}")
-    dtype = torch.float32 if x.dtype in (torch.float16, torch.bfloat16) else x.dtype
+    dtype = compute_dtype(x.dtype)
     x_c = x.to(dtype)
     inv_rms = torch.rsqrt(x_c.pow(2).mean(-1, keepdim=True) + eps)
     y = x_c * inv_rms * scale.to(dtype) * torch.sigmoid(gate.to(dtype) * x_c)

@@ -31,32 +31,9 @@ from __future__ import annotations
 import torch
 from torch.autograd.function import once_differentiable
 
+from ._common import band_mask, check_key_padding_mask, check_sliding_window, compute_dtype, key_range
+
 __all__ = ["rela"]
-
-
-def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
-    """float16/bfloat16 accumulate in float32; other floating dtypes compute as they are."""
-    return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
-
-
-def _key_range(start: int, end: int, k_len: int, sliding_window: int | None) -> tuple[int, int]:
-    """Keys [lo, hi) that queries [start, end) may reach."""
-    if sliding_window is None:
-        return 0, k_len
-    return max(0, start - sliding_window + 1), min(k_len, end + sliding_window - 1)
-
-
-def _band_mask(
-    start: int, end: int, lo: int, hi: int, sliding_window: int | None, device: torch.device
-) -> torch.Tensor | None:
-    """(end - start, hi - lo) bool, True where |i - j| <= w - 1; None when every pair is inside."""
-    if sliding_window is None:
-        return None
-    if end - 1 - lo <= sliding_window - 1 and hi - 1 - start <= sliding_window - 1:
-        return None
-    i = torch.arange(start, end, device=device)[:, None]
-    j = torch.arange(lo, hi, device=device)[None, :]
-    return (i - j).abs() <= sliding_window - 1
 
 
 def _block_weights(
@@ -65,7 +42,7 @@ def _block_weights(
 ) -> torch.Tensor:
     """A for queries [start, end) and keys [lo, hi): ReLU(Q_b K_b^T * scaling), out-of-window pairs 0."""
     weights = torch.matmul(q_scaled[:, :, start:end], key[:, :, lo:hi].transpose(-1, -2)).relu_()
-    band = _band_mask(start, end, lo, hi, sliding_window, weights.device)
+    band = band_mask(start, end, lo, hi, sliding_window, weights.device)
     if band is not None:
         weights.masked_fill_(~band, 0.0)
     return weights
@@ -78,13 +55,13 @@ def _forward(
     """O = A V block by block; also returns A when the queries fit in one block (else None)."""
     q_len, k_len = q_scaled.shape[2], key.shape[2]
     if q_len <= block_size:
-        lo, hi = _key_range(0, q_len, k_len, sliding_window)
+        lo, hi = key_range(0, q_len, k_len, sliding_window)
         weights = _block_weights(q_scaled, key, 0, q_len, lo, hi, sliding_window)
         return torch.matmul(weights, value[:, :, lo:hi]), weights
     blocks = []
     for start in range(0, q_len, block_size):
         end = min(start + block_size, q_len)
-        lo, hi = _key_range(start, end, k_len, sliding_window)
+        lo, hi = key_range(start, end, k_len, sliding_window)
         if lo >= hi:
             blocks.append(value.new_zeros(*value.shape[:2], end - start, value.shape[3]))
             continue
@@ -98,7 +75,7 @@ def _prepare(
     key_padding_mask: torch.Tensor | None, scaling: float,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Compute-dtype copies: scaling * Q, K with padded rows zeroed, V."""
-    dtype = _compute_dtype(query.dtype)
+    dtype = compute_dtype(query.dtype)
     q_scaled = query.to(dtype) * scaling
     key = key.to(dtype)
     if key_padding_mask is not None:
@@ -137,7 +114,7 @@ class _ReLAFunction(torch.autograd.Function):
         grad_q_blocks = []
         for start in range(0, q_len, block_size):
             end = min(start + block_size, q_len)
-            lo, hi = _key_range(start, end, k_len, sliding_window)
+            lo, hi = key_range(start, end, k_len, sliding_window)
             if lo >= hi:
                 grad_q_blocks.append(q_scaled.new_zeros(*q_scaled.shape[:2], end - start, q_scaled.shape[3]))
                 continue
@@ -185,13 +162,8 @@ def _validate(
         raise ValueError(
             f"query, key and value must share one floating dtype, got {query.dtype}, {key.dtype}, {value.dtype}"
         )
-    if key_padding_mask is not None and tuple(key_padding_mask.shape) != (batch, key.shape[2]):
-        raise ValueError(
-            f"key_padding_mask must have shape (B, Tk) = ({batch}, {key.shape[2]}), "
-            f"got {tuple(key_padding_mask.shape)}"
-        )
-    if sliding_window is not None and sliding_window < 1:
-        raise ValueError(f"sliding_window must be >= 1, got {sliding_window}")
+    check_key_padding_mask(key_padding_mask, batch, key.shape[2])
+    check_sliding_window(sliding_window)
     if block_size < 1:
         raise ValueError(f"block_size must be >= 1, got {block_size}")
 

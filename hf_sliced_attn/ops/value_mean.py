@@ -15,6 +15,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from ._common import check_key_padding_mask, check_sliding_window, compute_dtype
+
 __all__ = ["value_mean"]
 
 
@@ -28,12 +30,9 @@ def value_mean(
     if value.dim() != 4:
         raise ValueError(f"value must be (B, H, T, D), got {tuple(value.shape)}")
     batch, _, length, _ = value.shape
-    if key_padding_mask is not None and tuple(key_padding_mask.shape) != (batch, length):
-        raise ValueError(f"key_padding_mask must be (B, T) = {(batch, length)}, got {tuple(key_padding_mask.shape)}")
-    if sliding_window is not None and (isinstance(sliding_window, bool) or not isinstance(sliding_window, int)
-                                       or sliding_window < 1):
-        raise ValueError(f"sliding_window must be an int >= 1 or None, got {sliding_window!r}")
-    dtype = torch.float32 if value.dtype in (torch.float16, torch.bfloat16) else value.dtype
+    check_key_padding_mask(key_padding_mask, batch, length)
+    check_sliding_window(sliding_window)
+    dtype = compute_dtype(value.dtype)
     v = value.to(dtype)
     if key_padding_mask is None:
         keys = torch.ones(1, 1, length, 1, dtype=dtype, device=value.device)

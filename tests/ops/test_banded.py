@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+from functools import partial
+
 import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from hf_sliced_attn.ops.banded import windowed_sliced_relu, windowed_softmax
 from hf_sliced_attn.ops.naive import sliced_relu_reference, windowed_softmax_reference
+from tests.reference_checks import assert_matches_reference, relative_error
 
 # (B, H, M, T, D, w, block): M None = (B, H, T) scalars; block None = the default (w).
 CASES = [
@@ -29,45 +32,24 @@ def _padding_mask(batch: int, length: int, generator: torch.Generator) -> torch.
     return mask
 
 
-def _rel_err(actual: torch.Tensor, expected: torch.Tensor) -> float:
-    """max |actual - expected| / max |expected|; the absolute error when expected is ~0 (w=1)."""
-    err = (actual.double() - expected.double()).abs().max().item()
-    scale = expected.double().abs().max().item()
-    return err / scale if scale > 1e-12 else err
-
-
-def _assert_matches_reference(op, reference, inputs: dict[str, torch.Tensor], grad_out: torch.Tensor) -> torch.Tensor:
-    """Check ``op`` (float32) against ``reference`` (float64) on ``inputs``, values and gradients; return op's output."""
-    out = op(*inputs.values())
-    grads = torch.autograd.grad(out, tuple(inputs.values()), grad_out)
-    inputs64 = [x.detach().double().requires_grad_() for x in inputs.values()]
-    ref = reference(*inputs64)
-    ref_grads = torch.autograd.grad(ref, inputs64, grad_out.double())
-    assert out.shape == grad_out.shape and out.dtype == torch.float32
-    assert _rel_err(out, ref) <= 1e-5
-    for name, g, rg in zip(inputs, grads, ref_grads):
-        assert torch.isfinite(g).all(), name
-        assert _rel_err(g, rg) <= 1e-4, name
-    return out
-
-
 @pytest.mark.parametrize("batch,heads,slices,length,dim,window,block", CASES)
 @pytest.mark.parametrize("padded", [False, True], ids=["nopad", "pad"])
 def test_windowed_sliced_relu_matches_reference(batch, heads, slices, length, dim, window, block, padded):
     gen = torch.Generator().manual_seed(length * 31 + window)
     shape = (batch, heads, length) if slices is None else (batch, heads, slices, length)
     # Continuous random scalars: exact ties s_i == t_j have probability 0.
-    s = torch.randn(shape, generator=gen).requires_grad_()
-    t = torch.randn(shape, generator=gen).requires_grad_()
-    v = torch.randn(batch, heads, length, dim, generator=gen).requires_grad_()
+    s = torch.randn(shape, generator=gen)
+    t = torch.randn(shape, generator=gen)
+    v = torch.randn(batch, heads, length, dim, generator=gen)
     mask = _padding_mask(batch, length, gen) if padded else None
-    grad_out = torch.randn(batch, heads, length, dim, generator=gen)
 
-    out = _assert_matches_reference(
-        lambda *x: windowed_sliced_relu(*x, mask, sliding_window=window, block_size=block),
-        lambda *x: sliced_relu_reference(*x, mask, sliding_window=window),
-        dict(s=s, t=t, v=v), grad_out,
+    out = assert_matches_reference(
+        partial(windowed_sliced_relu, block_size=block), sliced_relu_reference,
+        dict(query_scalars=s, key_scalars=t, value=v, key_padding_mask=mask),
+        differentiable=("query_scalars", "key_scalars", "value"), rtol=1e-5, grad_rtol=1e-4,
+        sliding_window=window,
     )
+    assert out.shape == (batch, heads, length, dim) and out.dtype == torch.float32
     if padded:
         assert (out[-1] == 0).all()
 
@@ -77,15 +59,15 @@ def test_windowed_sliced_relu_matches_reference(batch, heads, slices, length, di
 def test_windowed_softmax_matches_reference(batch, heads, slices, length, dim, window, block, padded):
     del slices
     gen = torch.Generator().manual_seed(length * 17 + window)
-    q, k, v = (torch.randn(batch, heads, length, dim, generator=gen).requires_grad_() for _ in range(3))
+    q, k, v = (torch.randn(batch, heads, length, dim, generator=gen) for _ in range(3))
     mask = _padding_mask(batch, length, gen) if padded else None
-    grad_out = torch.randn(batch, heads, length, dim, generator=gen)
 
-    out = _assert_matches_reference(
-        lambda *x: windowed_softmax(*x, mask, scaling=0.7, sliding_window=window, block_size=block),
-        lambda *x: windowed_softmax_reference(*x, mask, scaling=0.7, sliding_window=window),
-        dict(q=q, k=k, v=v), grad_out,
+    out = assert_matches_reference(
+        partial(windowed_softmax, block_size=block), windowed_softmax_reference,
+        dict(query=q, key=k, value=v, key_padding_mask=mask),
+        differentiable=("query", "key", "value"), rtol=1e-5, grad_rtol=1e-4, scaling=0.7, sliding_window=window,
     )
+    assert out.shape == (batch, heads, length, dim) and out.dtype == torch.float32
     if padded:
         assert (out[-1] == 0).all()
 
@@ -94,7 +76,7 @@ def test_default_scaling_is_inverse_sqrt_dim():
     gen = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(1, 2, 30, 16, generator=gen) for _ in range(3))
     ref = windowed_softmax_reference(q.double(), k.double(), v.double(), sliding_window=5)
-    assert _rel_err(windowed_softmax(q, k, v, sliding_window=5), ref) <= 1e-5
+    assert relative_error(windowed_softmax(q, k, v, sliding_window=5), ref) <= 1e-5
 
 
 @pytest.mark.parametrize("block", [1, 2, 7, 64])
@@ -130,10 +112,10 @@ def test_half_dtypes(dtype):
     mask = _padding_mask(2, 40, gen)
     out = windowed_sliced_relu(s, t, v, mask, sliding_window=9)
     ref = sliced_relu_reference(s, t, v.double(), mask, sliding_window=9)
-    assert out.dtype == dtype and _rel_err(out, ref) <= 1e-2
+    assert out.dtype == dtype and relative_error(out, ref) <= 1e-2
     out = windowed_softmax(q, k, v, mask, sliding_window=9)
     ref = windowed_softmax_reference(q, k, v.double(), mask, sliding_window=9)
-    assert out.dtype == dtype and _rel_err(out, ref) <= 1e-2
+    assert out.dtype == dtype and relative_error(out, ref) <= 1e-2
 
 
 def test_zero_denominator_gives_zero():

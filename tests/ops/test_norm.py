@@ -7,13 +7,9 @@ import torch
 
 from hf_sliced_attn.ops.naive import gated_rms_norm_reference
 from hf_sliced_attn.ops.norm import gated_rms_norm
+from tests.reference_checks import assert_matches_reference, relative_error
 
 SHAPES = [(2, 5, 16), (3, 64), (1, 1, 1), (2, 3, 4, 7)]
-
-
-def rel_err(actual: torch.Tensor, expected: torch.Tensor) -> float:
-    """max |actual - expected| / max |expected|."""
-    return ((actual.double() - expected.double()).abs().max() / expected.double().abs().max()).item()
 
 
 def make_inputs(shape: tuple[int, ...], dtype: torch.dtype, seed: int = 0) -> tuple[torch.Tensor, ...]:
@@ -29,17 +25,11 @@ def make_inputs(shape: tuple[int, ...], dtype: torch.dtype, seed: int = 0) -> tu
 @pytest.mark.parametrize("eps", [1e-6, 1e-2])
 def test_matches_reference(shape: tuple[int, ...], dtype: torch.dtype, eps: float) -> None:
     x, scale, gate = make_inputs(shape, dtype)
-    inputs = [t.clone().requires_grad_() for t in (x, scale, gate)]
-    ref_inputs = [t.double().requires_grad_() for t in (x, scale, gate)]
-    out = gated_rms_norm(*inputs, eps=eps)
-    ref = gated_rms_norm_reference(*ref_inputs, eps=eps)
+    out = assert_matches_reference(
+        gated_rms_norm, gated_rms_norm_reference, {"x": x, "scale": scale, "gate": gate},
+        differentiable=("x", "scale", "gate"), rtol=1e-6, grad_rtol=1e-5, eps=eps,
+    )
     assert out.shape == x.shape and out.dtype == dtype
-    assert rel_err(out, ref) <= 1e-6
-    grad_out = torch.randn(shape, dtype=torch.float64)
-    grads = torch.autograd.grad(out, inputs, grad_out.to(dtype))
-    ref_grads = torch.autograd.grad(ref, ref_inputs, grad_out)
-    for grad, ref_grad in zip(grads, ref_grads):
-        assert grad.dtype == dtype and rel_err(grad, ref_grad) <= 1e-5
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
@@ -63,14 +53,14 @@ def test_half_precision(dtype: torch.dtype) -> None:
     x, scale, gate = make_inputs((4, 32), dtype)
     out = gated_rms_norm(x, scale, gate)
     assert out.dtype == dtype
-    assert rel_err(out, gated_rms_norm_reference(x.double(), scale.double(), gate.double())) <= 1e-2
+    assert relative_error(out, gated_rms_norm_reference(x.double(), scale.double(), gate.double())) <= 1e-2
 
 
 def test_half_input_with_float32_params() -> None:
     x, scale, gate = make_inputs((4, 32), torch.float32)
     out = gated_rms_norm(x.bfloat16(), scale, gate)
     assert out.dtype == torch.bfloat16
-    assert rel_err(out, gated_rms_norm_reference(x.bfloat16().double(), scale.double(), gate.double())) <= 1e-2
+    assert relative_error(out, gated_rms_norm_reference(x.bfloat16().double(), scale.double(), gate.double())) <= 1e-2
 
 
 def test_gradcheck_float64() -> None:

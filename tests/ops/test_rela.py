@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import itertools
+from functools import partial
 
 import pytest
 import torch
 
 from hf_sliced_attn.ops.naive import rela_reference
 from hf_sliced_attn.ops.rela import rela
+from tests.reference_checks import assert_matches_reference, outputs_and_grads, relative_error
 
 # (B, H, Tq, Tk, D)
 SHAPES = [
@@ -23,13 +25,7 @@ SHAPES = [
 ]
 BLOCK_SIZES = [16, 512]  # 16 < T: several blocks, T not a multiple of 16; 512: one block
 WINDOWS = [None, 1, 3, 65]
-
-
-def rel_err(actual: torch.Tensor, expected: torch.Tensor) -> float:
-    """max |actual - expected| / max |expected| (plain max abs error when expected is all 0)."""
-    err = (actual.double() - expected.double()).abs().max().item()
-    scale = expected.double().abs().max().item()
-    return err / scale if scale > 0 else err
+QKV = ("query", "key", "value")  # the differentiable inputs
 
 
 def make_inputs(
@@ -49,24 +45,19 @@ def make_inputs(
     return query, key, value, mask
 
 
-def reference_and_grads(
-    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor | None,
-    grad_out: torch.Tensor, **kwargs,
-) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
-    inputs = [t.detach().double().requires_grad_() for t in (query, key, value)]
-    out = rela_reference(*inputs, mask, **kwargs)
-    grads = torch.autograd.grad(out, inputs, grad_out.double())
-    return out.detach(), grads
+def qkv(
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor | None
+) -> dict[str, torch.Tensor | None]:
+    """The keyword arguments of rela and rela_reference."""
+    return {"query": query, "key": key, "value": value, "key_padding_mask": mask}
 
 
-def rela_and_grads(
-    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor | None,
-    grad_out: torch.Tensor, **kwargs,
-) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
-    inputs = [t.detach().clone().requires_grad_() for t in (query, key, value)]
-    out = rela(*inputs, mask, **kwargs)
-    grads = torch.autograd.grad(out, inputs, grad_out)
-    return out.detach(), grads
+def rela_in_float32(
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, key_padding_mask: torch.Tensor | None,
+    **options,
+) -> torch.Tensor:
+    """rela on float32 copies of the inputs, its output rounded once to query's dtype."""
+    return rela(query.float(), key.float(), value.float(), key_padding_mask, **options).to(query.dtype)
 
 
 @pytest.mark.parametrize(
@@ -80,27 +71,22 @@ def test_matches_reference(
     shape: tuple[int, ...], block_size: int, window: int | None, padded: bool
 ) -> None:
     query, key, value, mask = make_inputs(*shape, padded=padded)
-    grad_out = torch.randn(*query.shape)
-    out, grads = rela_and_grads(query, key, value, mask, grad_out, sliding_window=window, block_size=block_size)
-    ref, ref_grads = reference_and_grads(query, key, value, mask, grad_out, sliding_window=window)
+    out = assert_matches_reference(
+        partial(rela, block_size=block_size), rela_reference, qkv(query, key, value, mask),
+        differentiable=QKV, rtol=1e-5, grad_rtol=1e-4, sliding_window=window,
+    )
     assert out.shape == query.shape and out.dtype == torch.float32
-    assert rel_err(out, ref) <= 1e-5
-    for name, grad, ref_grad in zip("qkv", grads, ref_grads):
-        assert grad.shape == ref_grad.shape and grad.dtype == torch.float32, name
-        assert rel_err(grad, ref_grad) <= 1e-4, name
 
 
 @pytest.mark.parametrize("block_size", [16, 512])
 def test_explicit_scaling_and_noncontiguous(block_size: int) -> None:
     # (B, T, H, D) storage viewed as (B, H, T, D), as attention layers produce it.
     query, key, value = (torch.randn(2, 90, 3, 16).transpose(1, 2) for _ in range(3))
-    grad_out = torch.randn(2, 3, 90, 16)
-    out, grads = rela_and_grads(query, key, value, None, grad_out, scaling=0.37, sliding_window=20,
-                                block_size=block_size)
-    ref, ref_grads = reference_and_grads(query, key, value, None, grad_out, scaling=0.37, sliding_window=20)
-    assert rel_err(out, ref) <= 1e-5
-    for grad, ref_grad in zip(grads, ref_grads):
-        assert rel_err(grad, ref_grad) <= 1e-4
+    assert not query.is_contiguous()
+    assert_matches_reference(
+        partial(rela, block_size=block_size), rela_reference, qkv(query, key, value, None),
+        differentiable=QKV, rtol=1e-5, grad_rtol=1e-4, scaling=0.37, sliding_window=20,
+    )
 
 
 @pytest.mark.parametrize("block_size", [3, 64])
@@ -117,14 +103,12 @@ def test_gradcheck_float64(block_size: int, window: int | None) -> None:
 @pytest.mark.parametrize("block_size", [16, 512])
 def test_half_precision(dtype: torch.dtype, block_size: int) -> None:
     query, key, value, mask = make_inputs(2, 2, 70, 60, 16, padded=True, dtype=dtype)
-    grad_out = torch.randn(*query.shape).to(dtype)
-    out, grads = rela_and_grads(query, key, value, mask, grad_out, sliding_window=9, block_size=block_size)
-    ref, ref_grads = reference_and_grads(query, key, value, mask, grad_out, sliding_window=9)
-    assert out.dtype == dtype and all(g.dtype == dtype for g in grads)
     tol = 1e-2 if dtype == torch.float16 else 2e-2
-    assert rel_err(out, ref) <= tol
-    for grad, ref_grad in zip(grads, ref_grads):
-        assert rel_err(grad, ref_grad) <= tol
+    out = assert_matches_reference(
+        partial(rela, block_size=block_size), rela_reference, qkv(query, key, value, mask),
+        differentiable=QKV, rtol=tol, grad_rtol=tol, sliding_window=9,
+    )
+    assert out.dtype == dtype
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
@@ -132,14 +116,15 @@ def test_half_precision(dtype: torch.dtype, block_size: int) -> None:
 def test_half_precision_accumulates_in_float32(dtype: torch.dtype, block_size: int) -> None:
     """Half inputs give the float32 computation on the upcast inputs, rounded once at the end."""
     query, key, value, mask = make_inputs(1, 2, 80, 80, 16, padded=True, dtype=dtype, seed=3)
-    grad_out = torch.randn(*query.shape).to(dtype)
-    out, grads = rela_and_grads(query, key, value, mask, grad_out, sliding_window=33, block_size=block_size)
-    out32, grads32 = rela_and_grads(
-        query.float(), key.float(), value.float(), mask, grad_out.float(), sliding_window=33, block_size=block_size
+    tensors = qkv(query, key, value, mask)
+    out, grads = outputs_and_grads(rela, tensors, differentiable=QKV, sliding_window=33, block_size=block_size)
+    out32, grads32 = outputs_and_grads(
+        rela_in_float32, tensors, differentiable=QKV, sliding_window=33, block_size=block_size
     )
-    assert torch.equal(out, out32.to(dtype))
-    for grad, grad32 in zip(grads, grads32):
-        assert torch.equal(grad, grad32.to(dtype))
+    assert out.dtype == dtype and all(grad.dtype == dtype for grad in grads.values())
+    assert torch.equal(out, out32)
+    for name in QKV:
+        assert torch.equal(grads[name], grads32[name]), name
 
 
 def test_float16_scores_beyond_float16_range() -> None:
@@ -150,16 +135,17 @@ def test_float16_scores_beyond_float16_range() -> None:
     assert scores.max() > 2 * torch.finfo(torch.float16).max  # the premise of this test
     out = rela(query, key, value)
     ref = rela_reference(query, key, value)
-    assert torch.isfinite(out).all() and rel_err(out, ref) <= 1e-2
+    assert torch.isfinite(out).all() and relative_error(out, ref) <= 1e-2
 
 
 @pytest.mark.parametrize("block_size", [8, 512])
 def test_masked_pairs_are_exactly_zero(block_size: int) -> None:
     query, key, value, mask = make_inputs(3, 2, 40, 40, 8, padded=True)
     window = 3
-    out, (grad_q, grad_k, grad_v) = rela_and_grads(
-        query, key, value, mask, torch.randn(*query.shape), sliding_window=window, block_size=block_size
+    out, grads = outputs_and_grads(
+        rela, qkv(query, key, value, mask), differentiable=QKV, sliding_window=window, block_size=block_size
     )
+    grad_q, grad_k, grad_v = (grads[name] for name in QKV)
     assert torch.all(out[-1] == 0) and torch.all(grad_q[-1] == 0)  # fully padded row
     padded = ~mask[:, None, :, None].expand_as(key)
     assert torch.all(grad_k[padded] == 0) and torch.all(grad_v[padded] == 0)
