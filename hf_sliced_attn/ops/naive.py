@@ -14,22 +14,63 @@ Conventions shared by all ops:
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
+from ._common import pair_mask
 
-def _pair_mask(
-    batch: int, q_len: int, k_len: int, key_padding_mask: torch.Tensor | None,
-    sliding_window: int | None, device: torch.device,
+
+PairKernel = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+def sliced_kernel_reference(
+    kernel: PairKernel,
+    query_scalars: torch.Tensor,
+    key_scalars: torch.Tensor,
+    value: torch.Tensor,
+    key_padding_mask: torch.Tensor | None = None,
+    sliding_window: int | None = None,
+    *,
+    centre_values: bool = False,
 ) -> torch.Tensor:
-    """(B, 1, Tq, Tk) bool: True where query i may interact with key j."""
-    mask = torch.ones(batch, 1, q_len, k_len, dtype=torch.bool, device=device)
-    if key_padding_mask is not None:
-        mask = mask & key_padding_mask[:, None, None, :].bool()
-    if sliding_window is not None:
-        i = torch.arange(q_len, device=device)[:, None]
-        j = torch.arange(k_len, device=device)[None, :]
-        mask = mask & ((i - j).abs() <= sliding_window - 1)
-    return mask
+    """A sliced kernel attention, computed pair by pair in float64.
+
+    For one head and one slice, with s = query scalars and t = key scalars,
+
+        out_i = sum_j W_ij v_j                   (centre_values=False)
+        out_i = sum_j W_ij (v_j - vbar_i)        (centre_values=True)
+
+    where W = kernel(d, mask), d_ij = s_i - t_j (B, H, M, Tq, Tk) and mask (B, 1, 1, Tq, Tk)
+    float64, 1 where query i may see key j (valid, and inside the window if any); W is
+    taken as 0 outside the mask. The kernel does its own normalisation over the keys each
+    query sees (``mask.sum(-1)`` counts them). vbar_i is the mean value of those keys. With
+    M slices the M outputs are averaged.
+
+    Shapes: query_scalars (B, H, Tq) or (B, H, M, Tq); key_scalars (B, H, Tk) or
+    (B, H, M, Tk); value (B, H, Tk, D) -> (B, H, Tq, D) in value's dtype.
+    """
+    if query_scalars.dim() == 3:
+        query_scalars, key_scalars = query_scalars.unsqueeze(2), key_scalars.unsqueeze(2)
+    s = query_scalars.double()  # (B, H, M, Tq)
+    t = key_scalars.double()  # (B, H, M, Tk)
+    v = value.double().unsqueeze(2)  # (B, H, 1, Tk, D)
+    batch, _, _, q_len = s.shape
+    k_len = t.shape[-1]
+    mask = pair_mask(batch, q_len, k_len, key_padding_mask, sliding_window, s.device).unsqueeze(2).double()
+    weights = kernel(s[..., :, None] - t[..., None, :], mask) * mask  # (B, H, M, Tq, Tk)
+    out = weights @ v  # (B, H, M, Tq, D)
+    if centre_values:
+        vbar = (mask @ v) / mask.sum(-1, keepdim=True).clamp_min(1)  # (B, H, 1, Tq, D)
+        out = out - weights.sum(-1, keepdim=True) * vbar
+    return out.mean(2).to(value.dtype)
+
+
+def _relu_kernel(diff: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """ReLU(s_i - t_j) / sum_l |s_i - t_l| over the keys i sees; a row with denominator 0 is 0."""
+    denominator = (diff.abs() * mask).sum(-1, keepdim=True)
+    positive = denominator > 0
+    return torch.relu(diff) * torch.where(positive, 1 / torch.where(positive, denominator, 1.0), 0.0)
 
 
 def sliced_relu_reference(
@@ -52,25 +93,39 @@ def sliced_relu_reference(
     Shapes: query_scalars (B, H, Tq) or (B, H, M, Tq); key_scalars (B, H, Tk) or
     (B, H, M, Tk); value (B, H, Tk, D) -> (B, H, Tq, D) in value's dtype.
     """
-    if query_scalars.dim() == 3:
-        query_scalars, key_scalars = query_scalars.unsqueeze(2), key_scalars.unsqueeze(2)
-    s = query_scalars.double()  # (B, H, M, Tq)
-    t = key_scalars.double()  # (B, H, M, Tk)
-    v = value.double()  # (B, H, Tk, D)
-    batch, _, _, q_len = s.shape
-    k_len = t.shape[-1]
-    mask = _pair_mask(batch, q_len, k_len, key_padding_mask, sliding_window, s.device)  # (B,1,Tq,Tk)
-    mask = mask.unsqueeze(2).double()  # (B, 1, 1, Tq, Tk)
-    diff = s[..., :, None] - t[..., None, :]  # (B, H, M, Tq, Tk)
-    relu = diff.clamp_min(0) * mask
-    denominator = (diff.abs() * mask).sum(-1)  # (B, H, M, Tq)
-    count = mask.sum(-1)  # (B, 1, 1, Tq)
-    vbar = (mask @ v.unsqueeze(2)) / count.clamp_min(1)[..., None]  # (B, H, 1, Tq, D)
-    numerator = relu @ v.unsqueeze(2) - relu.sum(-1, keepdim=True) * vbar  # (B, H, M, Tq, D)
-    out = torch.where(
-        denominator[..., None] > 0, numerator / denominator.clamp_min(1e-300)[..., None], 0.0
+    return sliced_kernel_reference(
+        _relu_kernel, query_scalars, key_scalars, value, key_padding_mask, sliding_window, centre_values=True
     )
-    return out.mean(2).to(value.dtype)
+
+
+def sliced_relu_bump_reference(
+    query_scalars: torch.Tensor,
+    key_scalars: torch.Tensor,
+    value: torch.Tensor,
+    bandwidth: torch.Tensor,
+    key_padding_mask: torch.Tensor | None = None,
+    sliding_window: int | None = None,
+) -> torch.Tensor:
+    """Sliced ReLU bump attention (the authors' second kernel), computed pair by pair in float64.
+
+    For one head and one slice, with s = query scalars, t = key scalars and b > 0 the
+    head's (and slice's) bandwidth:
+
+        out_i = (1 / n_i) sum_j max(0, 1 - |s_i - t_j| / b) v_j
+
+    where j runs over the n_i keys query i may see (valid, and inside the window if any);
+    a query that sees no key gets 0. With M slices the M outputs are averaged.
+
+    Shapes: query_scalars (B, H, Tq) with bandwidth (H,), or (B, H, M, Tq) with bandwidth
+    (H, M); key_scalars (B, H, Tk) or (B, H, M, Tk); value (B, H, Tk, D)
+    -> (B, H, Tq, D) in value's dtype.
+    """
+    b = bandwidth.double().reshape(1, bandwidth.shape[0], -1, 1, 1)  # (1, H, M, 1, 1)
+
+    def bump(diff: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        return torch.relu(1 - diff.abs() / b) / mask.sum(-1, keepdim=True).clamp_min(1)
+
+    return sliced_kernel_reference(bump, query_scalars, key_scalars, value, key_padding_mask, sliding_window)
 
 
 def value_mean_reference(
@@ -84,7 +139,7 @@ def value_mean_reference(
     without a window).
     """
     batch, _, length, _ = value.shape
-    mask = _pair_mask(batch, length, length, key_padding_mask, sliding_window, value.device).double()
+    mask = pair_mask(batch, length, length, key_padding_mask, sliding_window, value.device).double()
     return ((mask @ value.double()) / mask.sum(-1, keepdim=True).clamp_min(1)).to(value.dtype)
 
 
@@ -106,7 +161,7 @@ def rela_reference(
     """
     scaling = query.shape[-1] ** -0.5 if scaling is None else scaling
     q, k, v = query.double(), key.double(), value.double()
-    mask = _pair_mask(q.shape[0], q.shape[2], k.shape[2], key_padding_mask, sliding_window, q.device)
+    mask = pair_mask(q.shape[0], q.shape[2], k.shape[2], key_padding_mask, sliding_window, q.device)
     weights = (q @ k.transpose(-1, -2) * scaling).clamp_min(0) * mask
     return (weights @ v).to(query.dtype)
 
@@ -121,7 +176,7 @@ def rela_weights_reference(
 ) -> torch.Tensor:
     """The full ReLA weight matrix ReLU(Q K^T * scaling), masked pairs 0: (B, H, Tq, Tk), float64."""
     scaling = query.shape[-1] ** -0.5 if scaling is None else scaling
-    mask = _pair_mask(query.shape[0], query.shape[2], key.shape[2], key_padding_mask, sliding_window, query.device)
+    mask = pair_mask(query.shape[0], query.shape[2], key.shape[2], key_padding_mask, sliding_window, query.device)
     return (query.double() @ key.double().transpose(-1, -2) * scaling).clamp_min(0) * mask
 
 
@@ -149,7 +204,7 @@ def windowed_softmax_reference(
     """
     scaling = query.shape[-1] ** -0.5 if scaling is None else scaling
     q, k, v = query.double(), key.double(), value.double()
-    mask = _pair_mask(q.shape[0], q.shape[2], k.shape[2], key_padding_mask, sliding_window, q.device)
+    mask = pair_mask(q.shape[0], q.shape[2], k.shape[2], key_padding_mask, sliding_window, q.device)
     scores = (q @ k.transpose(-1, -2) * scaling).masked_fill(~mask, float("-inf"))
     weights = torch.softmax(scores, dim=-1).nan_to_num(0.0)
     return (weights @ v).to(query.dtype)
