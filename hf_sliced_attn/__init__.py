@@ -8,8 +8,8 @@ on BERT, RoBERTa, XLM-RoBERTa and ModernBERT::
     model = AutoModelForSequenceClassification.from_pretrained(path, attn_implementation="sliced_relu")
 """
 
-from .config import CONFIG_KEY, MECHANISMS, RelaConfig, SlicedReluConfig
-from .integration import lora_target_modules, modules_to_save, prepare_config, register
+from .integration import lora_target_modules, modules_to_save, prepare_config, register, register_mechanism
+from .mechanisms import CONFIG_KEY, MECHANISMS, Mechanism, MechanismConfig, RelaConfig, SlicedReluConfig
 from .models import SUPPORTED_MODEL_TYPES
 
 __version__ = "0.1.0"
@@ -18,12 +18,15 @@ __all__ = [
     "CONFIG_KEY",
     "MECHANISMS",
     "SUPPORTED_MODEL_TYPES",
+    "Mechanism",
+    "MechanismConfig",
     "RelaConfig",
     "SlicedReluConfig",
     "lora_target_modules",
     "modules_to_save",
     "prepare_config",
     "register",
+    "register_mechanism",
 ]
 
 register()

@@ -1,13 +1,13 @@
-"""The attention functions handed to transformers' ``AttentionInterface``.
+"""transformers' attention-function signature around each mechanism's ``attend``.
 
-Each has transformers' signature ``fn(module, query, key, value, attention_mask, *,
-scaling, dropout, **kwargs) -> (output, None)`` with query/key/value (B, H, T, D) and the
-output (B, T, H, D). ``attention_mask`` is what the mask builder registered next to it
-gives: a (B, T) bool padding mask (True = real token) or None. ModernBERT's local layers
-pass ``sliding_window`` w (pairs with |i - j| <= w - 1).
+Each function has the signature ``fn(module, query, key, value, attention_mask, *, scaling,
+dropout, **kwargs) -> (output, None)`` with query/key/value (B, H, T, D) and the output
+(B, T, H, D). ``attention_mask`` is what the mask builder registered next to it gives: a
+(B, T) bool padding mask (True = real token) or None. ModernBERT's local layers pass
+``sliding_window`` w (pairs with |i - j| <= w - 1).
 
 A layer the user chose to keep on softmax (see ``layers`` in
-:class:`hf_sliced_attn.config.SlicedReluConfig`) is marked so at construction and runs
+:class:`hf_sliced_attn.mechanisms.MechanismConfig`) is marked so at construction and runs
 softmax here, within its window if it has one. A layer with neither mark was built
 without the plugin's modules, and gets an error rather than any other attention.
 
@@ -25,7 +25,8 @@ import torch
 from torch import nn
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-from .ops import rela, sliced_relu, value_mean, windowed_sliced_relu, windowed_softmax
+from .mechanisms import Mechanism
+from .ops import windowed_softmax
 
 LAYER_MODE_ATTR = "hf_sliced_attn_mode"
 """Set on every patched attention module: the mechanism's name, or "softmax" for a kept layer."""
@@ -55,8 +56,8 @@ def key_padding_mask_from(attention_mask: torch.Tensor | None, key: torch.Tensor
     if attention_mask.dim() != 2 or attention_mask.shape != (key.shape[0], key.shape[2]):
         raise ValueError(
             f"hf_sliced_attn expects a (batch, key_length) = {(key.shape[0], key.shape[2])} padding mask, "
-            f"got shape {tuple(attention_mask.shape)}. 4D or custom masks are not supported by sliced_relu/rela: "
-            "pass the usual 2D attention_mask of 0/1 to the model."
+            f"got shape {tuple(attention_mask.shape)}. 4D or custom masks are not supported by the plugin's "
+            "attention: pass the usual 2D attention_mask of 0/1 to the model."
         )
     return attention_mask.bool()
 
@@ -92,40 +93,8 @@ def _softmax_attention(
     return out.nan_to_num(0.0)
 
 
-def _notify(mechanism: str, module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-            key_padding_mask: torch.Tensor | None, scaling: float | None, sliding_window: int | None) -> None:
-    for observer in _observers:
-        observer(module=module, mechanism=mechanism, query=query, key=key, value=value,
-                 key_padding_mask=key_padding_mask, scaling=scaling, sliding_window=sliding_window)
-
-
-def _sliced_relu(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                 key_padding_mask: torch.Tensor | None, scaling: float | None,
-                 sliding_window: int | None) -> torch.Tensor:
-    """Sliced ReLU attention with ``module.sliced_projection``, then ``module.sliced_output`` if the
-    layer has one (``affine_output``): (B, H, T, D) -> (B, T, H, D)."""
-    query_scalars, key_scalars = module.sliced_projection(query, key)
-    if sliding_window is None:
-        out = sliced_relu(query_scalars, key_scalars, value, key_padding_mask)
-    else:
-        out = windowed_sliced_relu(query_scalars, key_scalars, value, key_padding_mask, sliding_window=sliding_window)
-    affine = getattr(module, "sliced_output", None)
-    if affine is not None:
-        out = affine(out, value_mean(value, key_padding_mask, sliding_window=sliding_window))
-    return out.transpose(1, 2)
-
-
-def _rela(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-          key_padding_mask: torch.Tensor | None, scaling: float | None,
-          sliding_window: int | None) -> torch.Tensor:
-    """ReLA, then ``module.rela_norm`` over the concatenated heads: (B, H, T, D) -> (B, T, H, D)."""
-    out = rela(query, key, value, key_padding_mask, scaling=scaling, sliding_window=sliding_window).transpose(1, 2)
-    batch, length, heads, head_dim = out.shape
-    return module.rela_norm(out.reshape(batch, length, heads * head_dim)).view(batch, length, heads, head_dim)
-
-
-def _attention_function(mechanism: str, attend: Callable[..., torch.Tensor]) -> Callable[..., tuple[torch.Tensor, None]]:
-    """transformers' attention-function signature around ``attend``, for one mechanism."""
+def attention_function(mechanism: Mechanism) -> Callable[..., tuple[torch.Tensor, None]]:
+    """The function registered with transformers' ``AttentionInterface`` for ``mechanism``."""
 
     def attention_forward(
         module: nn.Module,
@@ -140,19 +109,12 @@ def _attention_function(mechanism: str, attend: Callable[..., torch.Tensor]) -> 
         **kwargs,
     ) -> tuple[torch.Tensor, None]:
         padding = key_padding_mask_from(attention_mask, key)
-        if _layer_mode(module, mechanism) == SOFTMAX:
+        if _layer_mode(module, mechanism.name) == SOFTMAX:
             return _softmax_attention(module, query, key, value, padding, scaling, dropout, sliding_window), None
-        _notify(mechanism, module, query, key, value, padding, scaling, sliding_window)
-        return attend(module, query, key, value, padding, scaling, sliding_window), None
+        for observer in _observers:
+            observer(module=module, mechanism=mechanism.name, query=query, key=key, value=value,
+                     key_padding_mask=padding, scaling=scaling, sliding_window=sliding_window)
+        return mechanism.attend(module, query, key, value, padding, scaling, sliding_window), None
 
-    attention_forward.__name__ = attention_forward.__qualname__ = f"{mechanism}_attention_forward"
+    attention_forward.__name__ = attention_forward.__qualname__ = f"{mechanism.name}_attention_forward"
     return attention_forward
-
-
-sliced_relu_attention_forward = _attention_function("sliced_relu", _sliced_relu)
-rela_attention_forward = _attention_function("rela", _rela)
-
-ATTENTION_FUNCTIONS: dict[str, Callable[..., tuple[torch.Tensor, None]]] = {
-    "sliced_relu": sliced_relu_attention_forward,
-    "rela": rela_attention_forward,
-}

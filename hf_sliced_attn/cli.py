@@ -18,22 +18,14 @@ from collections.abc import Sequence
 from accelerate import PartialState
 
 from .analysis_cli import add_analyze_parser
-from .config import MECHANISMS, SlicedReluConfig
-from .convert import STAGE2_LOSSES, ConvertOptions, convert
+from .arguments import add_mechanism_arguments, mechanism_options
+from .convert import ConvertOptions, convert
 from .hub import PushError, push
+from .mechanisms import MECHANISMS
+from .transfer import STAGE2_LOSSES
 
 EXIT_ERROR = 1
 EXIT_INTERRUPTED = 130
-
-
-def _layers(value: str) -> str | list[int]:
-    """``--layers``: "global", "all" or comma-separated layer indices."""
-    if value in ("global", "all"):
-        return value
-    try:
-        return [int(part) for part in value.split(",")]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{value!r}: use 'global', 'all' or layer indices like 0,2,4") from None
 
 
 def add_convert_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -42,14 +34,12 @@ def add_convert_parser(subparsers: argparse._SubParsersAction) -> argparse.Argum
     parser = subparsers.add_parser("convert",
                                    help="Convert a softmax encoder to sliced_relu or rela by attention transfer.")
     parser.add_argument("--model", required=True, help="path or Hub id of the softmax checkpoint")
-    parser.add_argument("--attn", required=True, choices=MECHANISMS, help="the new attention")
-    parser.add_argument("--layers", type=_layers, default="global", help="global (default), all, or indices like 0,2,4")
-    parser.add_argument("--num-slices", type=int, help="sliced_relu: directions per head (default: the plugin's)")
-    parser.add_argument("--projection", choices=SlicedReluConfig.PROJECTIONS,
-                        help="sliced_relu: how queries and keys become scalars (default for conversions: mlp, the "
-                             "authors' projection; linear: the paper's formula)")
-    parser.add_argument("--affine-output", action=argparse.BooleanOptionalAction, default=None,
-                        help="sliced_relu: learned gain and mean value per head (default for conversions: on)")
+    parser.add_argument("--attn", required=True, choices=list(MECHANISMS), help="the new attention")
+    defaults = "; ".join(f"{m.name}: {dict(m.conversion_defaults)}" for m in MECHANISMS.values()
+                         if m.conversion_defaults)
+    add_mechanism_arguments(parser.add_argument_group(
+        "mechanism options", f"Saved in config.json. Conversions use these unless told otherwise: {defaults}."
+    ), dashes=True)
     parser.add_argument("--text", nargs="+", required=True,
                         help="training text: text files (one passage per line), saved datasets or dataset names")
     parser.add_argument("--heldout-text", nargs="+",
@@ -87,8 +77,7 @@ def add_convert_parser(subparsers: argparse._SubParsersAction) -> argparse.Argum
 def run_convert(args: argparse.Namespace) -> int:
     options = ConvertOptions(
         model=args.model, mechanism=args.attn, output_dir=args.output, text=args.text, heldout_text=args.heldout_text,
-        layers=args.layers, num_slices=args.num_slices, projection=args.projection,
-        affine_output=args.affine_output, text_column=args.text_column, text_split=args.text_split,
+        mechanism_options=mechanism_options(args, args.attn, dashes=True), text_column=args.text_column, text_split=args.text_split,
         heldout_fraction=args.heldout_fraction, steps=args.steps, stage2_steps=args.stage2_steps,
         stage2_loss=args.stage2_loss, lr=args.lr, stage2_lr=args.stage2_lr, warmup_steps=args.warmup_steps,
         lora_r=args.lora_r, lora_alpha=args.lora_alpha, batch_size=args.batch_size, max_length=args.max_length,

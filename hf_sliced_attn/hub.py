@@ -1,255 +1,29 @@
-"""Model cards and publishing to the Hugging Face Hub.
+"""Publishing a converted folder (or a fine-tune with its card) to the Hugging Face Hub.
 
-* :func:`render_conversion_card` fills ``model_cards/converted.md`` from a conversion's
-  ``fidelity.json`` report; :func:`render_glue_card` fills ``model_cards/glue.md`` for a
-  GLUE fine-tune. Both write ``README.md`` into the folder and return the
-  :class:`huggingface_hub.ModelCard` (YAML metadata, ``model-index`` with the metrics).
-* :func:`push` checks that a folder loads through the plugin and reproduces the outputs
-  recorded at conversion time, then uploads it in one commit (``create_repo`` +
-  ``create_commit``). It never writes into the folder.
+:func:`push` checks that a folder loads through the plugin and reproduces the outputs
+recorded at conversion time, then uploads it in one commit (``create_repo`` +
+``create_commit``). It never writes into the folder.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import re
 from collections.abc import Callable
-from dataclasses import dataclass
-from importlib.resources import files
 from pathlib import Path
-from typing import Any
 
 import torch
-from huggingface_hub import CommitOperationAdd, EvalResult, HfApi, ModelCard, ModelCardData, constants, get_token
+from huggingface_hub import CommitOperationAdd, HfApi, constants, get_token
 from huggingface_hub.errors import HfHubHTTPError, OfflineModeIsEnabled
 from transformers import AutoTokenizer
 
-from .config import CONFIG_KEY
-from .convert import CHECKPOINT_DIR, REPORT_NAME, check_reference, load_converted
-
-TEMPLATES = files("hf_sliced_attn") / "model_cards"
-PLUGIN_TAG = "hf-sliced-attn"
-NON_METRICS = ("loss", "runtime", "per_second", "epoch", "step")
-"""Fragments of metric names (as the Trainer reports them) that are not evaluation results."""
-
-
-@dataclass(frozen=True)
-class Mechanism:
-    """How a card describes one attention mechanism."""
-
-    title: str
-    tag: str
-    arxiv_id: str
-    authors: str
-    paper_title: str | None
-    description: str
-
-
-MECHANISMS: dict[str, Mechanism] = {
-    "sliced_relu": Mechanism(
-        title="Sliced ReLU attention",
-        tag="sliced-relu",
-        arxiv_id="2512.11411",
-        authors="Boufadène & Vialard",
-        paper_title=None,
-        description=(
-            "Each head projects its queries and keys to M scalars (`sliced_projection`: learned directions w, "
-            "s_i = ⟨w, q_i⟩ and t_j = ⟨w, k_j⟩, or the authors' MLP over all heads), and attends with the kernel "
-            "ReLU(s_i − t_j) / Σ_l |s_i − t_l| to the centred values; the M kernels are averaged. With "
-            "`affine_output`, a learned per-head gain and share of the mean value follow (`sliced_output`). "
-            "Sorting the scalars makes it exact in O(n log n) time and O(n) memory: no n × n attention "
-            "matrix is formed."
-        ),
-    ),
-    "rela": Mechanism(
-        title="ReLA (rectified linear attention)",
-        tag="rela",
-        arxiv_id="2104.07012",
-        authors="Zhang, Titov & Sennrich (EMNLP 2021)",
-        paper_title="Sparse Attention with Linear Units",
-        description=(
-            "ReLU(Q Kᵀ d^-½) V per head instead of the softmax, then a gated RMSNorm over all heads together "
-            "(`rela_norm`): scale · x · rsqrt(mean(x²) + ε) · σ(gate ⊙ x). The attention weights are exactly "
-            "sparse, and a head can attend to nothing."
-        ),
-    ),
-}
+from .artifacts import CHECKPOINT_DIR, REPORT_NAME, check_reference, load_converted
+from .cards import render_conversion_card
+from .mechanisms import CONFIG_KEY
 
 
 class PushError(RuntimeError):
     """A push that cannot go ahead; the message says why and what to do."""
-
-
-# --------------------------------------------------------------------------- cards
-
-
-def base_model_license(source: str | Path) -> str | None:
-    """The license in the model card (README.md) of a local checkpoint folder, or None."""
-    readme = Path(source) / "README.md"
-    if not readme.is_file():
-        return None
-    license_ = ModelCard.load(readme).data.license
-    return license_ if isinstance(license_, str) else None
-
-
-def _hub_id(name: str | None) -> str | None:
-    """``name`` if it looks like a Hub id ("org/name") rather than a local path or a description
-    (only Hub ids belong in ``base_model`` and ``datasets``)."""
-    return name if name and not Path(name).exists() and re.fullmatch(r"[\w.-]+(/[\w.-]+)?", name) else None
-
-
-def _model_ref(name: str) -> str:
-    """Markdown for a base model: a link to its Hub page, or its local path in code."""
-    return f"[{name}](https://huggingface.co/{name})" if _hub_id(name) else f"`{name}`"
-
-
-def _loading_code(model_id: str, *, model_class: str, mechanism: str, adapter_base: str | None = None) -> str:
-    """The exact Python that loads the folder or repository ``model_id``."""
-    if adapter_base is None:
-        return (
-            f'import hf_sliced_attn  # registers "sliced_relu" and "rela" with transformers\n'
-            f"from transformers import AutoTokenizer, {model_class}\n\n"
-            f'tokenizer = AutoTokenizer.from_pretrained("{model_id}")\n'
-            f'model = {model_class}.from_pretrained("{model_id}")  # runs {mechanism} attention, from config.json'
-        )
-    return (
-        f'import hf_sliced_attn  # registers "sliced_relu" and "rela" with transformers\n'
-        f"from peft import PeftModel\n"
-        f"from transformers import AutoConfig, AutoTokenizer, {model_class}\n\n"
-        f'config = AutoConfig.from_pretrained("{model_id}")  # the base config with the {mechanism} options\n'
-        f'base = {model_class}.from_pretrained("{adapter_base}", config=config)\n'
-        f'model = PeftModel.from_pretrained(base, "{model_id}")\n'
-        f'tokenizer = AutoTokenizer.from_pretrained("{model_id}")'
-    )
-
-
-def _mechanism_fields(mechanism: str) -> dict[str, Any]:
-    info = MECHANISMS[mechanism]
-    return {"mechanism": mechanism, "mechanism_title": info.title, "mechanism_description": info.description,
-            "arxiv_id": info.arxiv_id, "paper_authors": info.authors, "paper_title": info.paper_title}
-
-
-def _layers_description(layers: list[int], options: dict[str, Any]) -> str:
-    text = f"in layer{'s' if len(layers) > 1 else ''} {', '.join(map(str, layers))}"
-    if "num_slices" in options:
-        text += f", {options['num_slices']} slice(s) per head"
-    if "projection" in options:
-        text += f", {options['projection']} projection"
-    if options.get("affine_output"):
-        text += ", learned output gain and mean value"
-    return text
-
-
-def _model_name(model_id: str) -> str:
-    return model_id.rstrip("/").split("/")[-1]
-
-
-def _fmt(value: float) -> str:
-    return f"{value:.4f}"
-
-
-def render_conversion_card(output_dir: str | Path, *, report: dict[str, Any], model_id: str | None = None,
-                           save: bool = True) -> ModelCard:
-    """The card of a converted folder, from its fidelity ``report`` (the content of ``fidelity.json``).
-
-    ``model_id`` is the name in the loading snippet (default: the folder's path). With
-    ``save``, the card is written to ``output_dir/README.md``.
-    """
-    output_dir = Path(output_dir)
-    model_id = model_id or str(output_dir)
-    mechanism, base = report["mechanism"], report["base_model"]
-    training = report["training"]
-    results = [
-        EvalResult(task_type="feature-extraction", dataset_type="text", dataset_name="held-out text",
-                   metric_type="cosine_similarity", metric_value=round(report["embedding_cosine"]["after"], 4),
-                   metric_name="Cosine to the original model (mean-pooled embeddings)"),
-        EvalResult(task_type="feature-extraction", dataset_type="text", dataset_name="held-out text",
-                   metric_type="spearmanr", metric_value=round(report["pairwise_spearman"]["after"], 4),
-                   metric_name="Spearman with the original model's pairwise cosine similarities"),
-    ]
-    card_data = ModelCardData(
-        base_model=_hub_id(base), library_name="peft" if report["adapter_only"] else "transformers",
-        license=report.get("license"), tags=[PLUGIN_TAG, MECHANISMS[mechanism].tag, "attention-transfer"],
-        datasets=training["datasets"] or None, pipeline_tag="feature-extraction",
-        model_name=_model_name(model_id), eval_results=results,
-    )
-    errors = report["attention_relative_error"]
-    names = {"attention_relative_error": "mean relative error of the attention outputs",
-             "hidden_state_cosine": "cosine of the final hidden states (token level)",
-             "embedding_cosine": "cosine of the mean-pooled embeddings",
-             "pairwise_spearman": "Spearman of the pairwise cosine similarities"}
-    rows = [{"name": names["attention_relative_error"], "before": _fmt(errors["mean_before"]),
-             "after": _fmt(errors["mean_after"])}]
-    rows += [{"name": names[key], "before": _fmt(report[key]["before"]), "after": _fmt(report[key]["after"])}
-             for key in ("hidden_state_cosine", "embedding_cosine", "pairwise_spearman")]
-    heldout_source = report["heldout"]["source"]
-    card = ModelCard.from_template(
-        card_data, template_path=str(TEMPLATES / "converted.md"), model_name=_model_name(model_id),
-        base_model_ref=_model_ref(base), adapter_only=report["adapter_only"],
-        layers_description=_layers_description(report["converted_layers"], report["mechanism_options"]),
-        loading_code=_loading_code(model_id, model_class="AutoModel", mechanism=mechanism,
-                                   adapter_base=base if report["adapter_only"] else None),
-        training=training, training_text=", ".join(map(str, training["text"])),
-        wall_time=f"{report['wall_time_s'] / 60:.1f} min", heldout=report["heldout"],
-        heldout_source=", ".join(heldout_source) if isinstance(heldout_source, list) else heldout_source,
-        fidelity_rows=rows,
-        layer_rows=[{"layer": layer, "before": _fmt(errors["before"][layer]), "after": _fmt(errors["after"][layer])}
-                    for layer in errors["after"]],
-        **_mechanism_fields(mechanism),
-    )
-    if save:
-        card.save(output_dir / "README.md")
-    return card
-
-
-def render_glue_card(output_dir: str | Path, *, base_model: str, task_name: str, metrics: dict[str, float],
-                     mechanism: str, dataset_name: str | None = None, split: str = "validation",
-                     model_id: str | None = None, license: str | None = None) -> ModelCard:
-    """Write ``output_dir/README.md`` for a model fine-tuned on GLUE ``task_name`` and return the card.
-
-    ``metrics`` are the evaluation results on ``split`` (e.g. ``{"eval_accuracy": 0.91}``;
-    an ``eval_`` prefix is dropped, and losses, runtimes and counters are left out of the
-    ``model-index``). ``dataset_name`` is the Hub dataset trained on (default ``nyu-mll/glue``), or
-    a description of local data (then the metadata lists no dataset); ``model_id`` names the model
-    in the loading snippet (default: the folder's path).
-    """
-    if mechanism not in MECHANISMS:
-        raise ValueError(f"Unknown mechanism {mechanism!r}: the valid ones are {list(MECHANISMS)}.")
-    output_dir = Path(output_dir)
-    model_id = model_id or str(output_dir)
-    dataset = dataset_name or "nyu-mll/glue"
-    dataset_id = _hub_id(dataset)
-    scores = {name.removeprefix("eval_"): float(value) for name, value in metrics.items()
-              if isinstance(value, (int, float)) and not any(part in name for part in NON_METRICS)}
-    if not scores:
-        raise ValueError(f"No evaluation metric in {metrics!r}.")
-    results = [
-        EvalResult(task_type="text-classification", task_name=f"GLUE {task_name.upper()}",
-                   dataset_type=dataset_id or "glue", dataset_name=f"GLUE {task_name.upper()}",
-                   dataset_config=task_name,
-                   dataset_split=split, metric_type=name, metric_value=round(value, 4))
-        for name, value in scores.items()
-    ]
-    card_data = ModelCardData(
-        base_model=_hub_id(base_model), library_name="transformers",
-        license=license or base_model_license(base_model), tags=[PLUGIN_TAG, MECHANISMS[mechanism].tag, "glue"],
-        datasets=[dataset_id] if dataset_id else None, pipeline_tag="text-classification",
-        model_name=_model_name(model_id), eval_results=results,
-    )
-    card = ModelCard.from_template(
-        card_data, template_path=str(TEMPLATES / "glue.md"), model_name=_model_name(model_id),
-        base_model_ref=_model_ref(base_model), task_title=task_name.upper(),
-        dataset_description=f"GLUE {task_name.upper()} ({dataset})", split=split,
-        metrics={name: _fmt(value) for name, value in scores.items()},
-        loading_code=_loading_code(model_id, model_class="AutoModelForSequenceClassification", mechanism=mechanism),
-        **_mechanism_fields(mechanism),
-    )
-    card.save(output_dir / "README.md")
-    return card
-
-
-# --------------------------------------------------------------------------- publishing
 
 
 def upload_plan(folder: str | Path) -> list[str]:
@@ -303,7 +77,8 @@ def publish_card(folder: str | Path, repo_id: str) -> str:
     return (folder / "README.md").read_text(encoding="utf-8")
 
 
-def _offline() -> bool:
+def hub_offline() -> bool:
+    """Whether huggingface_hub is in offline mode (``HF_HUB_OFFLINE``)."""
     return bool(constants.HF_HUB_OFFLINE) or os.environ.get("HF_HUB_OFFLINE", "").upper() in {"1", "ON", "YES", "TRUE"}
 
 
@@ -333,7 +108,7 @@ def push(folder: str | Path, repo_id: str, *, private: bool = False, revision: s
         return None
     token = token or get_token()
     problems = []
-    if _offline():
+    if hub_offline():
         problems.append("HF_HUB_OFFLINE is set, so the Hub cannot be reached (unset it to publish)")
     if token is None:
         problems.append("no Hugging Face token was found (pass --token, set HF_TOKEN, or run `hf auth login`)")

@@ -2,7 +2,7 @@
 
 On :func:`register` (run by ``import hf_sliced_attn``):
 
-* ``AttentionInterface`` gets the two attention functions and ``AttentionMaskInterface``
+* ``AttentionInterface`` gets the attention function of every registered mechanism and ``AttentionMaskInterface``
   gets a 2D padding-mask builder for each (never an O(T^2) mask).
 * The self-attention classes of the supported architectures (:mod:`hf_sliced_attn.models`)
   gain the new module at construction when the config asks for a mechanism, and their
@@ -20,21 +20,11 @@ from typing import Any
 
 from torch import nn
 from transformers import AttentionInterface, PretrainedConfig, PreTrainedModel
-from transformers import initialization as init
 from transformers.masking_utils import AttentionMaskInterface, flash_attention_mask
 
-from .attention import ATTENTION_FUNCTIONS, LAYER_MODE_ATTR, SOFTMAX
-from .config import CONFIG_KEY, MECHANISMS, MechanismConfig, make_mechanism_config, mechanism_config_from_dict
+from .attention import LAYER_MODE_ATTR, SOFTMAX, attention_function
+from .mechanisms import CONFIG_KEY, MECHANISMS, Mechanism, MechanismConfig, PluginModule
 from .models import ARCHITECTURES, SUPPORTED_MODEL_TYPES, ArchitectureSpec, spec_for
-from .modules import GatedRMSNorm, SlicedMLPProjection, SlicedOutputAffine, SlicedProjection
-
-MODULE_NAMES: dict[str, tuple[str, ...]] = {
-    "sliced_relu": ("sliced_projection", "sliced_output"),
-    "rela": ("rela_norm",),
-}
-"""The attributes under which each mechanism's modules sit on an attention module (``sliced_output``
-only with ``affine_output=True``)."""
-PLUGIN_MODULE_NAMES: frozenset[str] = frozenset(name for names in MODULE_NAMES.values() for name in names)
 
 
 def mechanism_config_of(config: PretrainedConfig) -> MechanismConfig | None:
@@ -47,7 +37,7 @@ def mechanism_config_of(config: PretrainedConfig) -> MechanismConfig | None:
     requested = config._attn_implementation
     saved = getattr(config, CONFIG_KEY, None)
     if saved is not None:
-        options = mechanism_config_from_dict(saved)
+        options = MECHANISMS.config_from_dict(saved)
         if requested != options.mechanism:
             raise ValueError(
                 f"This model was converted to {options.mechanism!r} attention (config.{CONFIG_KEY}), but "
@@ -56,7 +46,7 @@ def mechanism_config_of(config: PretrainedConfig) -> MechanismConfig | None:
             )
         return options
     if requested in MECHANISMS:
-        options = make_mechanism_config(requested)
+        options = MECHANISMS[requested].make_config()
         setattr(config, CONFIG_KEY, options.to_dict())
         return options
     return None
@@ -65,8 +55,8 @@ def mechanism_config_of(config: PretrainedConfig) -> MechanismConfig | None:
 def prepare_config(config: PretrainedConfig, mechanism: str, **options: Any) -> PretrainedConfig:
     """Ask ``config`` for ``mechanism`` with ``options`` before building a model from it.
 
-    ``options`` are the fields of :class:`~hf_sliced_attn.config.SlicedReluConfig` or
-    :class:`~hf_sliced_attn.config.RelaConfig` (e.g. ``num_slices=4, layers="all"``). Use it as
+    ``options`` are the fields of the mechanism's config (:class:`~hf_sliced_attn.SlicedReluConfig`,
+    :class:`~hf_sliced_attn.RelaConfig`; e.g. ``num_slices=4, layers="all"``). Use it as
     ``from_pretrained(path, config=prepare_config(AutoConfig.from_pretrained(path), "sliced_relu", num_slices=2))``.
     A checkpoint already converted to ``mechanism`` keeps its saved options (they shape its
     trained modules): an option that differs from them is an error.
@@ -78,12 +68,13 @@ def prepare_config(config: PretrainedConfig, mechanism: str, **options: Any) -> 
             f"This config was converted to {saved.get('mechanism')!r}; it cannot be prepared for {mechanism!r}. "
             "Start from the original softmax checkpoint to convert it to another mechanism."
         )
-    requested = make_mechanism_config(mechanism, **options)
+    chosen = MECHANISMS.get_mechanism(mechanism)
+    requested = chosen.make_config(**options)
     if saved is not None:
         # A converted checkpoint: its options shape the modules its weights were trained for.
-        converted = mechanism_config_from_dict(saved)
+        converted = MECHANISMS.config_from_dict(saved)
         kept = {k: v for k, v in converted.to_dict().items() if k != "mechanism"}
-        if make_mechanism_config(mechanism, **{**kept, **options}) != converted:
+        if chosen.make_config(**{**kept, **options}) != converted:
             changed = {k: requested.to_dict()[k] for k in options if requested.to_dict()[k] != kept[k]}
             raise ValueError(
                 f"This checkpoint was converted with {kept}; it cannot take {changed}: these options "
@@ -115,41 +106,10 @@ def attach_modules(module: nn.Module, config: PretrainedConfig, spec: Architectu
     if not converts:
         return []
     num_heads, head_dim = spec.head_shape(module)
-    if options.mechanism == "sliced_relu":
-        projection = SlicedMLPProjection if options.projection == "mlp" else SlicedProjection
-        new = {"sliced_projection": projection(num_heads, head_dim, options.num_slices)}
-        if options.affine_output:
-            new["sliced_output"] = SlicedOutputAffine(num_heads)
-    else:
-        new = {"rela_norm": GatedRMSNorm(num_heads * head_dim, eps=options.norm_eps)}
+    new = MECHANISMS[options.mechanism].build_modules(options, num_heads, head_dim)
     for name, child in new.items():
         setattr(module, name, child)
     return list(new.values())
-
-
-def init_plugin_module(module: nn.Module, config: PretrainedConfig) -> None:
-    """Initialise a plugin module, skipping tensors that were loaded from a checkpoint.
-
-    Directions are normal with std D^-1/2 (unit norm in expectation; the kernel is
-    invariant to their scale). The MLP projection's weights are normal with the model's
-    ``initializer_range`` and its biases zero (its own, whatever the architecture's
-    ``_init_weights`` does with a bare Linear). The output gain starts at 2 and the mean
-    weight at 1 (see :class:`SlicedOutputAffine`). The RMSNorm scale starts at ones and
-    the gate is normal with ``initializer_range``.
-    """
-    std = getattr(config, "initializer_range", 0.02)
-    if isinstance(module, SlicedProjection):
-        init.normal_(module.directions, mean=0.0, std=module.head_dim**-0.5)
-    elif isinstance(module, SlicedMLPProjection):
-        for linear in (module.hidden, module.to_scalars):
-            init.normal_(linear.weight, mean=0.0, std=std)
-            init.zeros_(linear.bias)
-    elif isinstance(module, SlicedOutputAffine):
-        init.constant_(module.gain, 2.0)
-        init.ones_(module.mean_weight)
-    elif isinstance(module, GatedRMSNorm):
-        init.ones_(module.scale)
-        init.normal_(module.gate, mean=0.0, std=std)
 
 
 def _patch_attention_init(attention_class: type[nn.Module], spec: ArchitectureSpec) -> None:
@@ -169,7 +129,8 @@ def _patch_init_weights(pretrained_class: type[PreTrainedModel]) -> None:
     @functools.wraps(original)
     def _init_weights(self, module):
         original(self, module)
-        init_plugin_module(module, self.config)
+        if isinstance(module, PluginModule):
+            module.init_weights(getattr(self.config, "initializer_range", 0.02))
 
     pretrained_class._init_weights = _init_weights
 
@@ -229,17 +190,21 @@ def _patch_unsupported_architecture_check() -> None:
     PreTrainedModel.get_correct_attn_implementation = get_correct_attn_implementation
 
 
+def _register_with_transformers(mechanism: Mechanism) -> None:
+    AttentionInterface.register(mechanism.name, attention_function(mechanism))
+    AttentionMaskInterface.register(mechanism.name, flash_attention_mask)
+
+
 _registered = False
 
 
 def register() -> None:
-    """Register both mechanisms with transformers and patch the supported architectures (idempotent)."""
+    """Register every mechanism, present and future, with transformers, and patch the supported
+    architectures (idempotent)."""
     global _registered
     if _registered:
         return
-    for name, function in ATTENTION_FUNCTIONS.items():
-        AttentionInterface.register(name, function)
-        AttentionMaskInterface.register(name, flash_attention_mask)
+    MECHANISMS.on_register(_register_with_transformers)
     for spec in ARCHITECTURES.values():
         for attention_class in spec.attention_classes:
             _patch_attention_init(attention_class, spec)
@@ -250,10 +215,17 @@ def register() -> None:
     _registered = True
 
 
+def register_mechanism(mechanism: Mechanism) -> Mechanism:
+    """Add a mechanism to the registry: ``from_pretrained(..., attn_implementation=mechanism.name)``,
+    conversion, cards, the CLI and the recipe then offer it. Returns it."""
+    register()
+    return MECHANISMS.register(mechanism)
+
+
 def modules_to_save(model: nn.Module) -> list[str]:
     """The names of the plugin's modules in ``model``, for peft ``LoraConfig(modules_to_save=...)``."""
     present = {name.rsplit(".", 1)[-1] for name, _ in model.named_modules()}
-    return sorted(PLUGIN_MODULE_NAMES & present)
+    return sorted(MECHANISMS.module_names() & present)
 
 
 def lora_target_modules(model: PreTrainedModel) -> str:

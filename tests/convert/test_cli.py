@@ -86,4 +86,4 @@ def test_sliced_relu_options_reach_the_saved_config(tiny_roberta, tmp_path):
 
 def test_sliced_relu_options_with_rela_are_an_error(tiny_roberta, tmp_path, capsys):
     assert main(convert_args(tiny_roberta, tmp_path / "o", "--projection", "mlp")) == 1
-    assert "projection apply to sliced_relu only" in capsys.readouterr().err
+    assert "--projection applies to sliced_relu only, not to rela." in capsys.readouterr().err

@@ -10,18 +10,12 @@ from safetensors.torch import load_file
 from transformers import AutoConfig, AutoModel, AutoTokenizer
 
 from hf_sliced_attn.attention import LAYER_MODE_ATTR
-from hf_sliced_attn.convert import (
-    CHECKPOINT_DIR,
-    REPORT_NAME,
-    SLICED_RELU_CONVERSION_DEFAULTS,
-    attention_modules,
-    check_reference,
-    convert,
-    load_converted,
-    measure_fidelity,
-    split_heldout,
-)
-from hf_sliced_attn.integration import MODULE_NAMES
+from hf_sliced_attn import MECHANISMS
+from hf_sliced_attn.artifacts import CHECKPOINT_DIR, REPORT_NAME, check_reference, load_converted
+from hf_sliced_attn.convert import convert
+from hf_sliced_attn.fidelity import measure_fidelity
+from hf_sliced_attn.taps import attention_modules
+from hf_sliced_attn.text import split_heldout
 
 from .conftest import tiny_options
 from .tiny import HELDOUT_TEXT
@@ -32,7 +26,7 @@ def assert_converted_folder(output, mechanism: str) -> None:
     assert all(not info[key] for key in ("missing_keys", "unexpected_keys", "mismatched_keys")), info
     assert model.config._attn_implementation == mechanism  # selected by config.json alone
     converted = [m for m in attention_modules(model) if getattr(m, LAYER_MODE_ATTR) == mechanism]
-    assert converted and all(hasattr(m, MODULE_NAMES[mechanism][0]) for m in converted)
+    assert converted and all(hasattr(m, MECHANISMS[mechanism].module_names[0]) for m in converted)
     assert not (output / CHECKPOINT_DIR).exists()
     AutoTokenizer.from_pretrained(output)
     check_reference(output)
@@ -55,9 +49,11 @@ def test_conversion_end_to_end(checkpoint, mechanism, request, tmp_path):
 
 def test_sliced_relu_conversions_use_the_conversion_options_unless_told(converted_roberta, tiny_roberta, tmp_path):
     saved = AutoConfig.from_pretrained(converted_roberta.output_dir).hf_sliced_attn
-    assert {k: saved[k] for k in SLICED_RELU_CONVERSION_DEFAULTS} == SLICED_RELU_CONVERSION_DEFAULTS
+    defaults = MECHANISMS["sliced_relu"].conversion_defaults
+    assert {k: saved[k] for k in defaults} == defaults
     output = tmp_path / "plain"
-    convert(tiny_options(tiny_roberta, output, projection="linear", affine_output=False, num_slices=2, steps=2))
+    plain = dict(projection="linear", affine_output=False, num_slices=2)
+    convert(tiny_options(tiny_roberta, output, mechanism_options=plain, steps=2))
     saved = AutoConfig.from_pretrained(output).hf_sliced_attn
     assert (saved["projection"], saved["affine_output"], saved["num_slices"]) == ("linear", False, 2)
     assert_converted_folder(output, "sliced_relu")
@@ -65,8 +61,8 @@ def test_sliced_relu_conversions_use_the_conversion_options_unless_told(converte
 
 @pytest.mark.parametrize("option", [{"projection": "mlp"}, {"affine_output": True}, {"num_slices": 2}])
 def test_sliced_relu_options_are_refused_for_rela(tiny_roberta, tmp_path, option):
-    with pytest.raises(ValueError, match=f"{next(iter(option))} apply to sliced_relu only"):
-        tiny_options(tiny_roberta, tmp_path / "o", mechanism="rela", **option)
+    with pytest.raises(ValueError, match=rf"Unknown option\(s\) \['{next(iter(option))}'\] for 'rela'"):
+        tiny_options(tiny_roberta, tmp_path / "o", mechanism="rela", mechanism_options=option)
 
 
 def test_report_holds_every_figure(converted_roberta):
@@ -150,7 +146,7 @@ def test_fidelity_of_a_model_with_itself(tiny_roberta):
 def test_text_from_files_and_saved_datasets(tmp_path):
     import datasets
 
-    from hf_sliced_attn.convert import load_texts
+    from hf_sliced_attn.text import load_texts
 
     (tmp_path / "a.txt").write_text("first line\n\n  second line  \n")
     datasets.Dataset.from_dict({"sentence": ["from a dataset", ""]}).save_to_disk(tmp_path / "ds")

@@ -13,7 +13,8 @@ from huggingface_hub import ModelCard
 from safetensors.torch import load_file, save_file
 
 from hf_sliced_attn.cli import main
-from hf_sliced_attn.hub import PushError, push, render_conversion_card, render_glue_card, upload_plan
+from hf_sliced_attn.cards import render_conversion_card, render_glue_card
+from hf_sliced_attn.hub import PushError, push, upload_plan
 
 
 def yaml_header(path: Path) -> dict:
@@ -170,7 +171,7 @@ def test_push_uploads_the_dry_run_files_in_one_commit(converted_roberta, monkeyp
             return type("Info", (), {"commit_url": "https://example.invalid/commit/1"})()
 
     monkeypatch.setattr("hf_sliced_attn.hub.HfApi", RecordingApi)
-    monkeypatch.setattr("hf_sliced_attn.hub._offline", lambda: False)
+    monkeypatch.setattr("hf_sliced_attn.hub.hub_offline", lambda: False)
     output = converted_roberta.output_dir
     url = push(output, "someone/tiny", private=True, revision="v1", token="hf_test", echo=lambda line: None)
     assert url == "https://example.invalid/commit/1"

@@ -18,7 +18,7 @@ from .tiny import HELDOUT_TEXT, TRAIN_TEXT
 SETTINGS = {
     # With the conversion options (the authors' MLP projection, learned gain and mean value);
     # sliced ReLU needs a longer stage 2 and more LoRA capacity than ReLA.
-    "sliced_relu": dict(num_slices=4, lora_r=32, lora_alpha=64, steps=100, stage2_steps=1000, stage2_loss="cosine",
+    "sliced_relu": dict(mechanism_options={"num_slices": 4}, lora_r=32, lora_alpha=64, steps=100, stage2_steps=1000, stage2_loss="cosine",
                         stage2_lr=2e-3),
     "rela": dict(steps=150, stage2_steps=400, stage2_loss="cosine", stage2_lr=1e-3),
 }

@@ -11,8 +11,9 @@ from peft import LoraConfig, get_peft_model
 from transformers import AutoConfig, AutoModel, AutoModelForSequenceClassification, GPT2Config, GPT2Model
 
 import hf_sliced_attn
-from hf_sliced_attn.attention import LAYER_MODE_ATTR, sliced_relu_attention_forward
-from hf_sliced_attn.modules import SlicedMLPProjection, SlicedOutputAffine
+from hf_sliced_attn.attention import LAYER_MODE_ATTR, attention_function
+from hf_sliced_attn.mechanisms import SLICED_RELU
+from hf_sliced_attn.mechanisms.sliced_relu import SlicedMLPProjection, SlicedOutputAffine
 from hf_sliced_attn.ops.naive import sliced_relu_reference, value_mean_reference
 
 from .tiny_models import MODEL_TYPES, VOCAB, tiny_config
@@ -283,7 +284,7 @@ def test_sliced_relu_layer_is_the_kernel_scaled_plus_the_mean_value(sliding_wind
     if padded:
         mask[1, 5:] = False
 
-    out, _ = sliced_relu_attention_forward(layer, query, key, value, mask, sliding_window=sliding_window)
+    out, _ = attention_function(SLICED_RELU)(layer, query, key, value, mask, sliding_window=sliding_window)
     with torch.no_grad():
         s, t = layer.sliced_projection(query, key)
     kernel = sliced_relu_reference(s, t, value.double(), mask, sliding_window=sliding_window)

@@ -1,31 +1,35 @@
-"""The small named modules the plugin adds to each converted attention layer.
+"""The modules sliced ReLU attention adds to a converted attention layer.
 
-Every new parameter lives in one of these, so that peft's ``modules_to_save`` can train
-them by name and the model's ``_init_weights`` initialises them (see
-:func:`hf_sliced_attn.integration.init_plugin_module`). They hold parameters and apply
-them; the maths is in :mod:`hf_sliced_attn.ops`.
+``sliced_projection`` turns queries and keys into scalars (:class:`SlicedProjection`, the
+paper's, or :class:`SlicedMLPProjection`, the authors' code's); ``sliced_output``
+(:class:`SlicedOutputAffine`, with ``affine_output=True``) puts back a gain and the mean value.
 """
 
 from __future__ import annotations
 
 import torch
 from torch import nn
+from transformers import initialization as init
 
-from .ops import gated_rms_norm
+from ..base import PluginModule
 
 
-class SlicedProjection(nn.Module):
+class SlicedProjection(PluginModule):
     """The learned directions of sliced ReLU attention: M per head.
 
     ``directions`` is (H, M, D). For queries (B, H, Tq, D) and keys (B, H, Tk, D) it gives
     the scalars s = <w_hm, q_i> (B, H, M, Tq) and t = <w_hm, k_j> (B, H, M, Tk); queries
-    and keys share the same directions.
+    and keys share the same directions. Initialised normal with std D^-1/2 (unit norm in
+    expectation; the kernel is invariant to their scale).
     """
 
     def __init__(self, num_heads: int, head_dim: int, num_slices: int = 1) -> None:
         super().__init__()
         self.num_heads, self.head_dim, self.num_slices = num_heads, head_dim, num_slices
         self.directions = nn.Parameter(torch.empty(num_heads, num_slices, head_dim))
+
+    def init_weights(self, initializer_range: float) -> None:
+        init.normal_(self.directions, mean=0.0, std=self.head_dim**-0.5)
 
     def forward(self, query: torch.Tensor, key: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         directions = self.directions.to(query.dtype)
@@ -38,14 +42,15 @@ class SlicedProjection(nn.Module):
         return f"num_heads={self.num_heads}, head_dim={self.head_dim}, num_slices={self.num_slices}"
 
 
-class SlicedMLPProjection(nn.Module):
+class SlicedMLPProjection(PluginModule):
     """The projection of the authors' code (SiwanB/Sliced_ReLU_Attention): one MLP over all heads.
 
     The queries of a token, concatenated over heads (H*D), go through
     ``hidden`` Linear(H*D, H*D) -> GELU -> ``to_scalars`` Linear(H*D, H*M), which gives the M
     scalars of every head; keys go through the same MLP. For queries (B, H, Tq, D) and keys
     (B, H, Tk, D) it returns s (B, H, M, Tq) and t (B, H, M, Tk), like :class:`SlicedProjection`.
-    The order it induces on the keys is a nonlinear function of all heads' keys.
+    The order it induces on the keys is a nonlinear function of all heads' keys. Weights are
+    initialised normal with the model's ``initializer_range``, biases at zero.
     """
 
     def __init__(self, num_heads: int, head_dim: int, num_slices: int = 1) -> None:
@@ -55,6 +60,11 @@ class SlicedMLPProjection(nn.Module):
         self.hidden = nn.Linear(width, width)
         self.activation = nn.GELU()
         self.to_scalars = nn.Linear(width, num_heads * num_slices)
+
+    def init_weights(self, initializer_range: float) -> None:
+        for linear in (self.hidden, self.to_scalars):
+            init.normal_(linear.weight, mean=0.0, std=initializer_range)
+            init.zeros_(linear.bias)
 
     def _scalars(self, x: torch.Tensor) -> torch.Tensor:
         """(B, H, T, D) -> (B, H, M, T)."""
@@ -70,7 +80,7 @@ class SlicedMLPProjection(nn.Module):
         return f"num_heads={self.num_heads}, head_dim={self.head_dim}, num_slices={self.num_slices}"
 
 
-class SlicedOutputAffine(nn.Module):
+class SlicedOutputAffine(PluginModule):
     """A learned per-head gain on the sliced ReLU output, plus a learned share of the mean value.
 
     out_h = gain_h * attention_h + mean_weight_h * vbar_h, with attention (B, H, T, D), vbar
@@ -87,6 +97,10 @@ class SlicedOutputAffine(nn.Module):
         self.gain = nn.Parameter(torch.empty(num_heads))
         self.mean_weight = nn.Parameter(torch.empty(num_heads))
 
+    def init_weights(self, initializer_range: float) -> None:
+        init.constant_(self.gain, 2.0)
+        init.ones_(self.mean_weight)
+
     def forward(self, attention: torch.Tensor, value_mean: torch.Tensor) -> torch.Tensor:
         gain = self.gain.to(attention.dtype)[:, None, None]
         mean_weight = self.mean_weight.to(attention.dtype)[:, None, None]
@@ -94,25 +108,3 @@ class SlicedOutputAffine(nn.Module):
 
     def extra_repr(self) -> str:
         return f"num_heads={self.num_heads}"
-
-
-class GatedRMSNorm(nn.Module):
-    """ReLA's gated RMSNorm over all heads together (arXiv 2104.07012, eq. 5).
-
-    y = scale * x * rsqrt(mean(x^2) + eps) * sigmoid(gate * x), over the last dim of x
-    (..., H*D). ``scale`` starts at ones; ``gate`` starts small and random (normal with
-    the model's initializer_range), so the gate opens at about sigmoid(0) = 1/2 and learns
-    per feature, as in the authors' code.
-    """
-
-    def __init__(self, hidden_size: int, eps: float = 1e-6) -> None:
-        super().__init__()
-        self.hidden_size, self.eps = hidden_size, eps
-        self.scale = nn.Parameter(torch.empty(hidden_size))
-        self.gate = nn.Parameter(torch.empty(hidden_size))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return gated_rms_norm(x, self.scale, self.gate, self.eps)
-
-    def extra_repr(self) -> str:
-        return f"hidden_size={self.hidden_size}, eps={self.eps}"

@@ -1,0 +1,25 @@
+"""ReLA, rectified linear attention (Zhang, Titov & Sennrich, EMNLP 2021), as a registered mechanism."""
+
+from ..base import Mechanism, Paper
+from .attention import attend, build_modules
+from .config import RelaConfig
+from .modules import GatedRMSNorm
+
+RELA = Mechanism(
+    name="rela",
+    config_class=RelaConfig,
+    module_names=("rela_norm",),
+    build_modules=build_modules,
+    attend=attend,
+    title="ReLA (rectified linear attention)",
+    tag="rela",
+    paper=Paper(arxiv_id="2104.07012", authors="Zhang, Titov & Sennrich (EMNLP 2021)",
+                title="Sparse Attention with Linear Units"),
+    description=(
+        "ReLU(Q Kᵀ d^-½) V per head instead of the softmax, then a gated RMSNorm over all heads together "
+        "(`rela_norm`): scale · x · rsqrt(mean(x²) + ε) · σ(gate ⊙ x). The attention weights are exactly "
+        "sparse, and a head can attend to nothing."
+    ),
+)
+
+__all__ = ["RELA", "GatedRMSNorm", "RelaConfig"]

@@ -1,0 +1,31 @@
+"""Sliced ReLU attention (Boufadène & Vialard, arXiv 2512.11411) as a registered mechanism."""
+
+from ..base import Mechanism, Paper
+from .attention import attend, build_modules
+from .config import SlicedReluConfig
+from .modules import SlicedMLPProjection, SlicedOutputAffine, SlicedProjection
+
+SLICED_RELU = Mechanism(
+    name="sliced_relu",
+    config_class=SlicedReluConfig,
+    module_names=("sliced_projection", "sliced_output"),
+    build_modules=build_modules,
+    attend=attend,
+    title="Sliced ReLU attention",
+    tag="sliced-relu",
+    paper=Paper(arxiv_id="2512.11411", authors="Boufadène & Vialard"),
+    description=(
+        "Each head projects its queries and keys to M scalars (`sliced_projection`: learned directions w, "
+        "s_i = ⟨w, q_i⟩ and t_j = ⟨w, k_j⟩, or the authors' MLP over all heads), and attends with the kernel "
+        "ReLU(s_i − t_j) / Σ_l |s_i − t_l| to the centred values; the M kernels are averaged. With "
+        "`affine_output`, a learned per-head gain and share of the mean value follow (`sliced_output`). "
+        "Sorting the scalars makes it exact in O(n log n) time and O(n) memory: no n × n attention "
+        "matrix is formed."
+    ),
+    # The paper's plain formula (a linear projection, no gain, centred values only) loses the mean value
+    # and half the weight of a softmax layer; with the authors' MLP projection and the learned gain and
+    # mean value, all-MiniLM-L6-v2 converts from an embedding cosine of 0.93 to above 0.95 (README).
+    conversion_defaults={"projection": "mlp", "affine_output": True},
+)
+
+__all__ = ["SLICED_RELU", "SlicedMLPProjection", "SlicedOutputAffine", "SlicedProjection", "SlicedReluConfig"]

@@ -1,0 +1,64 @@
+"""The options of sliced ReLU attention, as saved in config.json."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+from ..base import MechanismConfig
+
+
+@dataclass
+class SlicedReluConfig(MechanismConfig):
+    """Sliced ReLU attention (Boufadène & Vialard, arXiv 2512.11411).
+
+    Each head projects its queries and keys to scalars, s_i = <w, q_i> and t_j = <w, k_j>
+    (or with the authors' MLP), and attends with the kernel ReLU(s_i - t_j) / sum_l |s_i - t_l|
+    to the centred values; sorting makes it exact in O(n log n). ``affine_output`` adds a
+    learned gain and mean value per head.
+    """
+
+    mechanism: ClassVar[str] = "sliced_relu"
+
+    num_slices: int = field(
+        default=1,
+        metadata={"help": "M, the number of projection directions per head; their M kernels are averaged."},
+    )
+    projection: str = field(
+        default="linear",
+        metadata={
+            "help": (
+                "How queries and keys become scalars. 'linear': M learned directions w per head, "
+                "s = <w, q> and t = <w, k> (the paper's formula). 'mlp': the projection of the authors' "
+                "code (SiwanB/Sliced_ReLU_Attention), one MLP over all heads' concatenated queries "
+                "(keys), Linear(H*D, H*D) -> GELU -> Linear(H*D, H*M); it orders the keys by a "
+                "nonlinear function of every head, and converts softmax checkpoints more faithfully."
+            ),
+            "choices": ("linear", "mlp"),
+        },
+    )
+    affine_output: bool = field(
+        default=False,
+        metadata={
+            "help": (
+                "Per head, output gain_h * SlicedReLU(...) + mean_weight_h * mean(v), both learned "
+                "(gain starts at 2, the constant of the authors' code; mean_weight at 1). The kernel's "
+                "weights add up to at most 1 and act on centred values; softmax keeps the mean value "
+                "and full weight, so converting a softmax checkpoint needs both back. False: the "
+                "paper's formula alone."
+            )
+        },
+    )
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not isinstance(self.num_slices, int) or isinstance(self.num_slices, bool) or self.num_slices < 1:
+            raise ValueError(f"num_slices={self.num_slices!r} is not valid: it must be an integer >= 1.")
+        if not isinstance(self.affine_output, bool):
+            raise ValueError(f"affine_output={self.affine_output!r} is not valid: it must be True or False.")
+
+    def describe(self) -> list[str]:
+        phrases = [f"{self.num_slices} slice(s) per head", f"{self.projection} projection"]
+        if self.affine_output:
+            phrases.append("learned output gain and mean value")
+        return phrases
