@@ -4,10 +4,11 @@ Each op sits next to its reference in :mod:`hf_sliced_attn.ops.naive`, and the t
 compare the two, values and gradients.
 """
 
-from .banded import windowed_sliced_relu, windowed_softmax
+from .banded import windowed_sliced_relu, windowed_sliced_relu_bump, windowed_softmax
 from .norm import gated_rms_norm
 from .rela import rela
 from .sliced_relu import sliced_relu
 from .value_mean import value_mean
 
-__all__ = ["gated_rms_norm", "rela", "sliced_relu", "value_mean", "windowed_sliced_relu", "windowed_softmax"]
+__all__ = ["gated_rms_norm", "rela", "sliced_relu", "value_mean", "windowed_sliced_relu", "windowed_sliced_relu_bump",
+           "windowed_softmax"]

@@ -25,9 +25,22 @@ Ops (self-attention only: queries and keys share the length T):
       out_i = sum_j ReLU(s_i - t_j) (v_j - vbar_i) / sum_l |s_i - t_l|,
 
   j and l over the valid keys of i's window, vbar_i their mean value; a zero denominator
-  gives 0. With M slices the outputs are averaged, computed as one product:
-  out_i = sum_j W_ij v_j - (sum_j W_ij) vbar_i with W_ij = mean_m ReLU(s_mi - t_mj) / den_mi.
-  Shapes: scalars (B, H, T) or (B, H, M, T), value (B, H, T, D) -> (B, H, T, D).
+  gives 0.
+* :func:`windowed_sliced_relu_bump`, the sliced bump kernel (SiwanB/Sliced_ReLU_Attention)
+  in the window. With b > 0 the bandwidth of the head (and slice),
+
+      out_i = (1 / n_i) sum_j max(0, 1 - |s_i - t_j| / b) v_j,
+
+  j over the valid keys of i's window and n_i their number; a query with no valid key
+  gives 0. Its bandwidth is (H,) for (B, H, T) scalars, (H, M) for (B, H, M, T).
+
+  Both sliced ops share the band gathering: from the in-band differences d_ij = s_i - t_j
+  a small kernel function gives the (B, H, nb, block, L) weights W, the M slices averaged,
+  and out_i = sum_j W_ij v_j, one batched product. For the ReLU kernel
+  W_ij = c_ij - (sum_l c_il) / n_i with c_ij = mean_m ReLU(d_mij) / sum_l |d_mil| (the
+  second term subtracts vbar_i); for the bump kernel W_ij = mean_m max(0, 1 - |d_mij| / b_m) / n_i;
+  both 0 on invalid pairs. Shapes: scalars (B, H, T) or (B, H, M, T), value (B, H, T, D)
+  -> (B, H, T, D).
 * :func:`windowed_softmax`, softmax(q k^T * scaling) v over the valid keys of the window;
   a query with no valid key gives 0. Shapes: (B, H, T, D) each -> (B, H, T, D).
 
@@ -37,12 +50,15 @@ computed in float32 and returned in their dtype; float32 and float64 are compute
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from functools import partial
+
 import torch
 import torch.nn.functional as F
 
 from ._common import band_mask, check_key_padding_mask, check_sliding_window, compute_dtype
 
-__all__ = ["windowed_sliced_relu", "windowed_softmax"]
+__all__ = ["windowed_sliced_relu", "windowed_sliced_relu_bump", "windowed_softmax"]
 
 
 def _band(x: torch.Tensor, block: int, halo: int, dim: int) -> torch.Tensor:
@@ -85,7 +101,7 @@ def _check(
     q_len: int, k_len: int, value: torch.Tensor, key_padding_mask: torch.Tensor | None,
     sliding_window: int, block_size: int | None,
 ) -> int:
-    """Validate the arguments both ops share; return the block size."""
+    """Validate the arguments every op shares; return the block size."""
     check_sliding_window(sliding_window, required=True)
     block = sliding_window if block_size is None else block_size
     if isinstance(block, bool) or not isinstance(block, int) or block < 1:
@@ -98,6 +114,73 @@ def _check(
         raise ValueError(f"value must be (B, H, T, D) with T={k_len}, got {tuple(value.shape)}")
     check_key_padding_mask(key_padding_mask, value.shape[0], k_len)
     return block
+
+
+def _check_scalars(
+    query_scalars: torch.Tensor, key_scalars: torch.Tensor, value: torch.Tensor,
+    key_padding_mask: torch.Tensor | None, sliding_window: int, block_size: int | None,
+) -> int:
+    """Validate the arguments of the scalar-kernel ops; return the block size."""
+    if query_scalars.dim() != key_scalars.dim() or query_scalars.dim() not in (3, 4):
+        raise ValueError(
+            "query_scalars and key_scalars must both be (B, H, T) or (B, H, M, T), "
+            f"got {tuple(query_scalars.shape)} and {tuple(key_scalars.shape)}"
+        )
+    block = _check(query_scalars.shape[-1], key_scalars.shape[-1], value, key_padding_mask, sliding_window, block_size)
+    if query_scalars.shape != key_scalars.shape or query_scalars.shape[:2] != value.shape[:2]:
+        raise ValueError(
+            f"scalars {tuple(query_scalars.shape)} / {tuple(key_scalars.shape)} do not match "
+            f"value (B, H, T, D) = {tuple(value.shape)}"
+        )
+    return block
+
+
+def _scalar_kernel_attention(
+    query_scalars: torch.Tensor, key_scalars: torch.Tensor, value: torch.Tensor,
+    key_padding_mask: torch.Tensor | None, sliding_window: int, block: int,
+    weights: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+) -> torch.Tensor:
+    """out_i = sum_j W_ij v_j over the band of i's block, for checked arguments.
+
+    ``weights(diff, valid)`` gives W (B, H, nb, block, L) from the in-band differences
+    diff = s_i - t_j (B, H, M, nb, block, L), 0 on invalid pairs, and the pair validity
+    valid (B, 1, 1, nb, block, L) bool; it averages the M slices and must be 0 on invalid
+    pairs. Returns (B, H, T, D) in value's dtype.
+    """
+    dtype = compute_dtype(value.dtype)
+    if query_scalars.dim() == 3:
+        query_scalars, key_scalars = query_scalars.unsqueeze(2), key_scalars.unsqueeze(2)
+    batch, _, length, _ = value.shape
+    halo = sliding_window - 1
+    s = _blocks(query_scalars.to(dtype), block, dim=-1)  # (B, H, M, nb, block)
+    t = _band(key_scalars.to(dtype), block, halo, dim=-1)  # (B, H, M, nb, L)
+    v = _band(value.to(dtype), block, halo, dim=2)  # (B, H, nb, L, D)
+    valid = _valid_pairs(key_padding_mask, batch, length, sliding_window, block, value.device)
+    valid = valid[:, None, None]  # (B, 1, 1, nb, block, L)
+    diff = torch.where(valid, s[..., :, None] - t[..., None, :], 0.0)  # (B, H, M, nb, block, L)
+    out = weights(diff, valid) @ v  # (B, H, nb, block, D)
+    return out.flatten(2, 3)[:, :, :length].to(value.dtype)
+
+
+def _sliced_relu_weights(diff: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    """W_ij = c_ij - (sum_l c_il) [j valid] / n_i with c_ij = mean_m ReLU(d_mij) / sum_l |d_mil|,
+    so that sum_j W_ij v_j = sum_j c_ij (v_j - vbar_i); shapes as in :func:`_scalar_kernel_attention`."""
+    relu = diff.clamp_min(0)
+    # sum_l |d_l| = 2 sum_l ReLU(d_l) - sum_l d_l, without a third pair-sized tensor.
+    denominator = 2 * relu.sum(-1, keepdim=True) - diff.sum(-1, keepdim=True)  # (B, H, M, nb, block, 1)
+    inverse = torch.where(denominator > 0, denominator.clamp_min(torch.finfo(diff.dtype).tiny).reciprocal(), 0.0)
+    weights = (relu * inverse).mean(2)  # (B, H, nb, block, L)
+    valid = valid[:, :, 0].to(diff.dtype)  # (B, 1, nb, block, L)
+    share = valid / valid.sum(-1, keepdim=True).clamp_min(1)  # 1 / n_i on the valid keys
+    return weights - weights.sum(-1, keepdim=True) * share
+
+
+def _bump_weights(diff: torch.Tensor, valid: torch.Tensor, bandwidth: torch.Tensor) -> torch.Tensor:
+    """W_ij = mean_m max(0, 1 - |d_mij| / b_m) / n_i on the valid pairs, 0 elsewhere; bandwidth
+    (1, H, M, 1, 1, 1), other shapes as in :func:`_scalar_kernel_attention`."""
+    bump = torch.where(valid, (1 - diff.abs() / bandwidth).clamp_min(0), 0.0)  # (B, H, M, nb, block, L)
+    count = valid[:, :, 0].sum(-1, keepdim=True).clamp_min(1)  # n_i, (B, 1, nb, block, 1)
+    return bump.mean(2) / count
 
 
 def windowed_sliced_relu(
@@ -115,40 +198,42 @@ def windowed_sliced_relu(
     key_padding_mask (B, T) bool, True = real. ``block_size`` (default ``sliding_window``) is
     the query block size. Returns (B, H, T, D) in value's dtype.
     """
-    if query_scalars.dim() != key_scalars.dim() or query_scalars.dim() not in (3, 4):
-        raise ValueError(
-            "query_scalars and key_scalars must both be (B, H, T) or (B, H, M, T), "
-            f"got {tuple(query_scalars.shape)} and {tuple(key_scalars.shape)}"
-        )
-    block = _check(query_scalars.shape[-1], key_scalars.shape[-1], value, key_padding_mask, sliding_window, block_size)
-    if query_scalars.dim() == 3:
-        query_scalars, key_scalars = query_scalars.unsqueeze(2), key_scalars.unsqueeze(2)
-    batch, heads, length, _ = value.shape
-    if query_scalars.shape != key_scalars.shape or query_scalars.shape[:2] != (batch, heads) or \
-            query_scalars.shape[-1] != length:
-        raise ValueError(
-            f"scalars {tuple(query_scalars.shape)} / {tuple(key_scalars.shape)} do not match "
-            f"value (B, H, T, D) = {tuple(value.shape)}"
-        )
-    dtype = compute_dtype(value.dtype)
-    halo = sliding_window - 1
-    s = _blocks(query_scalars.to(dtype), block, dim=-1)  # (B, H, M, nb, block)
-    t = _band(key_scalars.to(dtype), block, halo, dim=-1)  # (B, H, M, nb, L)
-    v = _band(value.to(dtype), block, halo, dim=2)  # (B, H, nb, L, D)
-    valid = _valid_pairs(key_padding_mask, batch, length, sliding_window, block, value.device)
-    valid = valid[:, None, None]  # (B, 1, 1, nb, block, L)
+    block = _check_scalars(query_scalars, key_scalars, value, key_padding_mask, sliding_window, block_size)
+    return _scalar_kernel_attention(
+        query_scalars, key_scalars, value, key_padding_mask, sliding_window, block, _sliced_relu_weights
+    )
 
-    diff = torch.where(valid, s[..., :, None] - t[..., None, :], 0.0)  # (B, H, M, nb, block, L)
-    relu = diff.clamp_min(0)
-    # sum_l |d_l| = 2 sum_l ReLU(d_l) - sum_l d_l, without a third pair-sized tensor.
-    denominator = 2 * relu.sum(-1, keepdim=True) - diff.sum(-1, keepdim=True)  # (B, H, M, nb, block, 1)
-    inverse = torch.where(denominator > 0, denominator.clamp_min(torch.finfo(dtype).tiny).reciprocal(), 0.0)
-    weights = (relu * inverse).mean(2)  # (B, H, nb, block, L)
 
-    valid = valid[:, :, 0].to(dtype)  # (B, 1, nb, block, L)
-    vbar = (valid @ v) / valid.sum(-1, keepdim=True).clamp_min(1)  # (B, H, nb, block, D)
-    out = weights @ v - weights.sum(-1, keepdim=True) * vbar  # (B, H, nb, block, D)
-    return out.flatten(2, 3)[:, :, :length].to(value.dtype)
+def windowed_sliced_relu_bump(
+    query_scalars: torch.Tensor,
+    key_scalars: torch.Tensor,
+    value: torch.Tensor,
+    bandwidth: torch.Tensor,
+    key_padding_mask: torch.Tensor | None = None,
+    *,
+    sliding_window: int,
+    block_size: int | None = None,
+) -> torch.Tensor:
+    """Sliced bump-kernel attention restricted to |i - j| <= sliding_window - 1 (see the module doc).
+
+    query_scalars, key_scalars: (B, H, T) or (B, H, M, T); value (B, H, T, D); bandwidth
+    b > 0 of shape (H,) for (B, H, T) scalars, (H, M) for (B, H, M, T); key_padding_mask
+    (B, T) bool, True = real. ``block_size`` (default ``sliding_window``) is the query block
+    size. Returns (B, H, T, D) in value's dtype; differentiable in the scalars, the values
+    and the bandwidth.
+    """
+    block = _check_scalars(query_scalars, key_scalars, value, key_padding_mask, sliding_window, block_size)
+    expected = tuple(query_scalars.shape[1:-1])  # (H,) or (H, M)
+    if tuple(bandwidth.shape) != expected:
+        raise ValueError(
+            f"bandwidth must have shape {'(H,)' if len(expected) == 1 else '(H, M)'} = {expected} for scalars "
+            f"of shape {tuple(query_scalars.shape)}, got {tuple(bandwidth.shape)}"
+        )
+    bandwidth = bandwidth.to(compute_dtype(value.dtype)).reshape(1, expected[0], -1, 1, 1, 1)  # (1, H, M, 1, 1, 1)
+    return _scalar_kernel_attention(
+        query_scalars, key_scalars, value, key_padding_mask, sliding_window, block,
+        partial(_bump_weights, bandwidth=bandwidth),
+    )
 
 
 def windowed_softmax(

@@ -8,9 +8,9 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from hf_sliced_attn.ops.banded import windowed_sliced_relu, windowed_softmax
-from hf_sliced_attn.ops.naive import sliced_relu_reference, windowed_softmax_reference
-from tests.reference_checks import assert_matches_reference, relative_error
+from hf_sliced_attn.ops.banded import windowed_sliced_relu, windowed_sliced_relu_bump, windowed_softmax
+from hf_sliced_attn.ops.naive import sliced_relu_bump_reference, sliced_relu_reference, windowed_softmax_reference
+from tests.reference_checks import assert_matches_reference, outputs_and_grads, relative_error
 
 # (B, H, M, T, D, w, block): M None = (B, H, T) scalars; block None = the default (w).
 CASES = [
@@ -54,6 +54,68 @@ def test_windowed_sliced_relu_matches_reference(batch, heads, slices, length, di
         assert (out[-1] == 0).all()
 
 
+def _bandwidth(shape: tuple[int, ...], generator: torch.Generator) -> torch.Tensor:
+    """Bandwidths in [0.5, 1.5] of shape (H,) or (H, M): the bumps of N(0, 1) scalars overlap."""
+    return 0.5 + torch.rand(shape, generator=generator)
+
+
+BUMP_INPUTS = ("query_scalars", "key_scalars", "value", "bandwidth")  # the differentiable inputs
+
+
+@pytest.mark.parametrize("batch,heads,slices,length,dim,window,block", CASES)
+@pytest.mark.parametrize("padded", [False, True], ids=["nopad", "pad"])
+def test_windowed_sliced_relu_bump_matches_reference(batch, heads, slices, length, dim, window, block, padded):
+    gen = torch.Generator().manual_seed(length * 23 + window)
+    shape = (batch, heads, length) if slices is None else (batch, heads, slices, length)
+    # Continuous random scalars: |s_i - t_j| hits 0 or b (the bump's kinks) with probability 0.
+    s = torch.randn(shape, generator=gen)
+    t = torch.randn(shape, generator=gen)
+    v = torch.randn(batch, heads, length, dim, generator=gen)
+    b = _bandwidth(shape[1:-1], gen)
+    mask = _padding_mask(batch, length, gen) if padded else None
+
+    out = assert_matches_reference(
+        partial(windowed_sliced_relu_bump, block_size=block), sliced_relu_bump_reference,
+        dict(query_scalars=s, key_scalars=t, value=v, bandwidth=b, key_padding_mask=mask),
+        differentiable=BUMP_INPUTS, rtol=1e-5, grad_rtol=1e-4, sliding_window=window,
+    )
+    assert out.shape == (batch, heads, length, dim) and out.dtype == torch.float32
+    if padded:
+        assert (out[-1] == 0).all()
+
+
+def test_bump_fully_padded_row_gives_zeros_and_finite_gradients():
+    gen = torch.Generator().manual_seed(4)
+    s, t = torch.randn(2, 3, 2, 10, generator=gen), torch.randn(2, 3, 2, 10, generator=gen)
+    v = torch.randn(2, 3, 10, 4, generator=gen)
+    mask = torch.ones(2, 10, dtype=torch.bool)
+    mask[1] = False
+    out, grads = outputs_and_grads(
+        partial(windowed_sliced_relu_bump, sliding_window=3, block_size=4),
+        dict(query_scalars=s, key_scalars=t, value=v, bandwidth=_bandwidth((3, 2), gen), key_padding_mask=mask),
+        differentiable=BUMP_INPUTS,
+    )
+    assert (out[1] == 0).all() and torch.isfinite(out).all()
+    assert all(torch.isfinite(g).all() for g in grads.values())
+    for name in ("query_scalars", "key_scalars", "value"):
+        assert (grads[name][1] == 0).all(), name
+
+
+@pytest.mark.parametrize(
+    "scalar_shape,bandwidth_shape,match",
+    [
+        ((2, 3, 8), (3, 1), r"bandwidth must have shape \(H,\) = \(3,\)"),
+        ((2, 3, 8), (), r"bandwidth must have shape \(H,\) = \(3,\)"),
+        ((2, 3, 4, 8), (3,), r"bandwidth must have shape \(H, M\) = \(3, 4\)"),
+        ((2, 3, 4, 8), (4, 3), r"bandwidth must have shape \(H, M\) = \(3, 4\)"),
+    ],
+)
+def test_bump_rejects_bad_bandwidth_shape(scalar_shape, bandwidth_shape, match):
+    s = torch.randn(scalar_shape)
+    with pytest.raises(ValueError, match=match):
+        windowed_sliced_relu_bump(s, s, torch.randn(2, 3, 8, 5), torch.ones(bandwidth_shape), sliding_window=3)
+
+
 @pytest.mark.parametrize("batch,heads,slices,length,dim,window,block", CASES)
 @pytest.mark.parametrize("padded", [False, True], ids=["nopad", "pad"])
 def test_windowed_softmax_matches_reference(batch, heads, slices, length, dim, window, block, padded):
@@ -85,9 +147,14 @@ def test_result_does_not_depend_on_block(block):
     s, t = torch.randn(2, 2, 3, 50, generator=gen), torch.randn(2, 2, 3, 50, generator=gen)
     q, k, v = (torch.randn(2, 2, 50, 6, generator=gen) for _ in range(3))
     mask = _padding_mask(2, 50, gen)
+    b = _bandwidth((2, 3), gen)
     base_relu = windowed_sliced_relu(s, t, v, mask, sliding_window=7)
+    base_bump = windowed_sliced_relu_bump(s, t, v, b, mask, sliding_window=7)
     base_soft = windowed_softmax(q, k, v, mask, sliding_window=7)
     torch.testing.assert_close(windowed_sliced_relu(s, t, v, mask, sliding_window=7, block_size=block), base_relu)
+    torch.testing.assert_close(
+        windowed_sliced_relu_bump(s, t, v, b, mask, sliding_window=7, block_size=block), base_bump
+    )
     torch.testing.assert_close(windowed_softmax(q, k, v, mask, sliding_window=7, block_size=block), base_soft)
 
 
@@ -102,6 +169,10 @@ def test_gradcheck_float64():
     assert torch.autograd.gradcheck(
         lambda q, k, v: windowed_softmax(q, k, v, mask, sliding_window=3, block_size=2), (q, k, v)
     )
+    b = (0.5 + torch.rand(1, 2, generator=gen, dtype=torch.float64)).requires_grad_()
+    assert torch.autograd.gradcheck(
+        lambda s, t, v, b: windowed_sliced_relu_bump(s, t, v, b, mask, sliding_window=3, block_size=2), (s, t, v, b)
+    )
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
@@ -115,6 +186,10 @@ def test_half_dtypes(dtype):
     assert out.dtype == dtype and relative_error(out, ref) <= 1e-2
     out = windowed_softmax(q, k, v, mask, sliding_window=9)
     ref = windowed_softmax_reference(q, k, v.double(), mask, sliding_window=9)
+    assert out.dtype == dtype and relative_error(out, ref) <= 1e-2
+    b = _bandwidth((2,), gen).to(dtype)
+    out = windowed_sliced_relu_bump(s, t, v, b, mask, sliding_window=9)
+    ref = sliced_relu_bump_reference(s, t, v.double(), b, mask, sliding_window=9)
     assert out.dtype == dtype and relative_error(out, ref) <= 1e-2
 
 
@@ -155,6 +230,11 @@ def test_invalid_arguments(kwargs, match):
             torch.randn(2, 2, 8), torch.randn(2, 2, key_length), torch.randn(2, 2, key_length, 4),
             mask, **kwargs,
         )
+    with pytest.raises(ValueError, match=match):
+        windowed_sliced_relu_bump(
+            torch.randn(2, 2, 8), torch.randn(2, 2, key_length), torch.randn(2, 2, key_length, 4),
+            torch.ones(2), mask, **kwargs,
+        )
 
 
 class _LargestTensor(TorchDispatchMode):
@@ -174,21 +254,25 @@ class _LargestTensor(TorchDispatchMode):
         return out
 
 
-@pytest.mark.parametrize("op", ["sliced_relu", "softmax"])
+@pytest.mark.parametrize("op", ["sliced_relu", "sliced_relu_bump", "softmax"])
 def test_memory_is_linear_in_length(op):
     """Every tensor made in forward and backward is at most the (T_pad, L) pair band, far below T^2."""
     batch, heads, slices, length, dim, window = 1, 2, 2, 4096, 4, 8
     band = length * (window + 2 * (window - 1))  # T_pad * L per head (and slice); T_pad = T here
     gen = torch.Generator().manual_seed(3)
-    if op == "sliced_relu":
-        inputs = [torch.randn(batch, heads, slices, length, generator=gen) for _ in range(2)]
-        bound = batch * heads * slices * band
-    else:
+    if op == "softmax":
         inputs = [torch.randn(batch, heads, length, dim, generator=gen) for _ in range(2)]
         bound = batch * heads * band
-    inputs = [x.requires_grad_() for x in inputs + [torch.randn(batch, heads, length, dim, generator=gen)]]
+    else:
+        inputs = [torch.randn(batch, heads, slices, length, generator=gen) for _ in range(2)]
+        bound = batch * heads * slices * band
+    inputs.append(torch.randn(batch, heads, length, dim, generator=gen))
+    if op == "sliced_relu_bump":
+        inputs.append(_bandwidth((heads, slices), gen))
+    inputs = [x.requires_grad_() for x in inputs]
     mask = torch.rand(batch, length, generator=gen) > 0.2
-    fn = windowed_sliced_relu if op == "sliced_relu" else windowed_softmax
+    fn = {"sliced_relu": windowed_sliced_relu, "sliced_relu_bump": windowed_sliced_relu_bump,
+          "softmax": windowed_softmax}[op]
 
     recorder = _LargestTensor()
     with recorder:

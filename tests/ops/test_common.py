@@ -8,7 +8,7 @@ from collections.abc import Callable
 import pytest
 import torch
 
-from hf_sliced_attn.ops import rela, value_mean, windowed_sliced_relu, windowed_softmax
+from hf_sliced_attn.ops import rela, value_mean, windowed_sliced_relu, windowed_sliced_relu_bump, windowed_softmax
 from hf_sliced_attn.ops._common import band_mask, check_sliding_window, key_range, pair_mask
 
 BATCH, HEADS, LENGTH, DIM = 2, 2, 6, 4
@@ -34,6 +34,7 @@ WINDOWED_OPS: list[tuple[Callable[..., torch.Tensor], Callable[[], dict[str, tor
     (value_mean, lambda: {"value": _qkv()["value"]}, False),
     (windowed_softmax, _qkv, True),
     (windowed_sliced_relu, _scalars, True),
+    (windowed_sliced_relu_bump, lambda: {**_scalars(), "bandwidth": torch.ones(HEADS)}, True),
 ]
 OP_IDS = [op.__name__ for op, _, _ in WINDOWED_OPS]
 
