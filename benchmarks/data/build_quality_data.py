@@ -1,0 +1,317 @@
+#!/usr/bin/env python
+"""Build the real-text data of the quality benchmark (``benchmarks/bench_quality.py``).
+
+It needs Debian's WordNet 3.0 database (installed as root; nothing else is downloaded)::
+
+    apt-get update && apt-get install -y wordnet-base      # Debian's WordNet 3.0 database
+    python benchmarks/data/build_quality_data.py            # writes benchmarks/data/quality/
+
+Options: ``--wordnet DIR`` (default ``/usr/share/wordnet``), ``--output DIR`` (default
+``benchmarks/data/quality`` next to this script), ``--seed`` (default 0). The output is a
+function of the WordNet files, the Python standard library of the interpreter that runs the
+script and the seed: running it twice gives the same bytes.
+
+1. **Supersense classification of WordNet noun glosses** (``train.csv``, ``validation.csv``,
+   ``test.csv``; columns ``sentence,label``). Every synset line of ``data.noun`` carries its
+   lexicographer file (``lex_filenum``, see ``lexnames(5WN)``), i.e. its supersense, and after
+   ``|`` its gloss: the definition written by WordNet's lexicographers, then optional example
+   sentences in double quotes. The text is the definition alone, the examples are dropped:
+   they are present for only part of the synsets, often contain the headword itself (a lexical
+   clue that is not in the definition) and are a different kind of text (usage, not meaning).
+   The four classes are the four most populated noun supersenses once ``noun.plant`` and
+   ``noun.animal`` are left out (their glosses are largely taxonomic formulas such as "a genus
+   of ..." / "any of various ..." and would make the task a keyword test): ``noun.artifact``,
+   ``noun.person``, ``noun.act`` and ``noun.communication``. Acts and communications
+   overlap in meaning (speech acts, documents, performances), persons and artifacts are told
+   apart by the whole definition rather than by a single word.
+
+   Kept: definitions of 5 to 60 words whose normalised text (lower case, single spaces)
+   occurs in exactly one noun synset of WordNet (a definition shared by synsets, possibly of
+   different supersenses, is dropped everywhere, so no text is in two splits or has two
+   labels). Per class the candidates (in file order) are shuffled with ``random.Random(seed +
+   lex_filenum)`` and taken in that order, skipping a candidate whose first three words
+   (lower case) already start ``PREFIX_CAP`` taken definitions of the class: "the act of"
+   starts 18% of noun.act, "a person who" 6% of noun.person, and the cap keeps such openings
+   from deciding the label. The first 400 taken go to train, the next 100 to validation, the
+   next 100 to test (600 per class: train 1600, validation 400, test 400, balanced); each
+   split's rows are then shuffled with ``random.Random(seed)``. ``test.csv`` is for final
+   figures only, never for tuning.
+
+2. **Held-out text of another kind** (``heldout_docstrings.txt``, one passage per line) for
+   the conversion fidelity report: first sentences of docstrings of the Python standard
+   library. Modules are the public (no leading underscore) names of ``sys.stdlib_module_names``
+   in sorted order, minus those with side effects on import or a GUI (``EXCLUDED_MODULES``);
+   the passages of a module are its own docstring, then the docstrings of its public classes
+   and functions defined in it, by name. From each docstring (``inspect.getdoc``) the first
+   paragraph that is not a call signature is taken, whitespace collapsed, cut at the end of
+   its first sentence; kept when it has 8 to 60 words, ends with a period, is ASCII and does
+   not hold doctest prompts. Modules are then visited round-robin (the first passage of every
+   module, then the second, ...) until ``HELDOUT_PASSAGES`` distinct passages are taken, so the
+   text covers the library rather than a few large modules.
+
+3. ``LICENSE.md``: the WordNet 3.0 license (quoted from the header of ``data.noun``), the PSF
+   license of the docstrings, how the files were built (this command, the WordNet package
+   version, the SHA-256 of ``data.noun``, the Python version) and the class counts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import csv
+import hashlib
+import importlib
+import inspect
+import io
+import random
+import re
+import subprocess
+import sys
+import warnings
+from contextlib import redirect_stderr, redirect_stdout
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+DEFAULT_OUTPUT = HERE / "quality"
+DEFAULT_WORDNET = Path("/usr/share/wordnet")
+
+CLASSES = {4: "noun.act", 6: "noun.artifact", 10: "noun.communication", 18: "noun.person"}
+"""lex_filenum -> supersense (lexnames(5WN)) of the four classes."""
+SPLITS = (("train", 400), ("validation", 100), ("test", 100))
+"""Split sizes per class."""
+MIN_WORDS, MAX_WORDS = 5, 60
+PREFIX_CAP = 12
+"""At most this many definitions of a class (of 600) start with the same three words."""
+
+HELDOUT_PASSAGES = 300
+HELDOUT_MIN_WORDS, HELDOUT_MAX_WORDS = 8, 60
+EXCLUDED_MODULES = {
+    "antigravity", "this",                                   # open a browser / print on import
+    "idlelib", "tkinter", "turtle", "turtledemo",            # GUI
+    "ensurepip", "venv", "pydoc_data", "lib2to3",            # tooling, data, deprecated
+    "msilib", "msvcrt", "winreg", "winsound", "nt",          # Windows only
+}
+
+
+def normalise(text: str) -> str:
+    return " ".join(text.lower().split())
+
+
+# ----------------------------------------------------------------------------- WordNet glosses
+def read_noun_definitions(data_noun: Path) -> list[tuple[int, int, str]]:
+    """(synset offset, lex_filenum, definition) for every synset of ``data.noun`` (wndb(5WN)):
+    ``offset lex_filenum ss_type w_cnt word lex_id ... p_cnt pointers ... | gloss``."""
+    rows = []
+    for line in data_noun.read_text(encoding="ascii").splitlines():
+        if line.startswith("  "):  # the license header
+            continue
+        fields, _, gloss = line.partition(" | ")
+        offset, lex_filenum, ss_type = fields.split()[:3]
+        if ss_type != "n":
+            continue
+        # the definition ends where the first quoted example begins
+        definition = gloss.split('"', 1)[0].strip().rstrip(";").strip()
+        rows.append((int(offset), int(lex_filenum), " ".join(definition.split())))
+    return rows
+
+
+def build_gloss_splits(rows: list[tuple[int, int, str]], seed: int) -> tuple[dict[str, list[tuple[str, str]]], dict]:
+    occurrences = collections.Counter(normalise(d) for _, _, d in rows)
+    per_class = sum(n for _, n in SPLITS)
+    splits: dict[str, list[tuple[str, str]]] = {name: [] for name, _ in SPLITS}
+    counts = {}
+    for lex_filenum, label in sorted(CLASSES.items()):
+        synsets = sum(1 for _, lex, _ in rows if lex == lex_filenum)
+        candidates = [d for _, lex, d in rows
+                      if lex == lex_filenum and occurrences[normalise(d)] == 1
+                      and MIN_WORDS <= len(d.split()) <= MAX_WORDS]
+        random.Random(seed + lex_filenum).shuffle(candidates)
+        taken, prefixes = [], collections.Counter()
+        for definition in candidates:
+            prefix = " ".join(normalise(definition).split()[:3])
+            if prefixes[prefix] >= PREFIX_CAP:
+                continue
+            prefixes[prefix] += 1
+            taken.append(definition)
+            if len(taken) == per_class:
+                break
+        if len(taken) < per_class:
+            raise SystemExit(f"{label}: only {len(taken)} usable definitions, {per_class} needed.")
+        start = 0
+        for name, size in SPLITS:
+            splits[name] += [(d, label) for d in taken[start:start + size]]
+            start += size
+        counts[label] = {"synsets": synsets, "candidates": len(candidates)}
+    for name in splits:
+        random.Random(seed).shuffle(splits[name])
+    return splits, counts
+
+
+def write_csv(path: Path, rows: list[tuple[str, str]]) -> None:
+    with path.open("w", encoding="utf-8", newline="") as f:
+        writer = csv.writer(f, lineterminator="\n")
+        writer.writerow(["sentence", "label"])
+        writer.writerows(rows)
+
+
+# ----------------------------------------------------------------------------- stdlib docstrings
+SIGNATURE = re.compile(r"^[\w.]+\(.*\)")
+SENTENCE_END = re.compile(r"(?<=[a-z0-9)'\"`][.!?])\s+(?=[A-Z(`'\"])")
+
+
+def first_sentence(doc: str | None) -> str | None:
+    if not doc:
+        return None
+    for paragraph in doc.split("\n\n"):
+        text = " ".join(paragraph.split())
+        if not text or SIGNATURE.match(text):
+            continue
+        sentence = SENTENCE_END.split(text, maxsplit=1)[0]
+        words = sentence.split()
+        if (HELDOUT_MIN_WORDS <= len(words) <= HELDOUT_MAX_WORDS and sentence.endswith(".")
+                and sentence.isascii() and ">>>" not in sentence):
+            return sentence
+        return None
+    return None
+
+
+def module_passages(name: str) -> list[str]:
+    try:
+        with warnings.catch_warnings(), redirect_stdout(io.StringIO()), redirect_stderr(io.StringIO()):
+            warnings.simplefilter("ignore")
+            module = importlib.import_module(name)
+    except Exception:  # noqa: BLE001 - platform-specific or optional modules
+        return []
+    docs = [inspect.getdoc(module)]
+    for attr in sorted(vars(module)):
+        obj = vars(module)[attr]
+        if attr.startswith("_") or not (inspect.isclass(obj) or inspect.isfunction(obj) or inspect.isbuiltin(obj)):
+            continue
+        if getattr(obj, "__module__", None) != name:
+            continue
+        docs.append(inspect.getdoc(obj))
+    passages = []
+    for doc in docs:
+        sentence = first_sentence(doc)
+        if sentence and sentence not in passages:
+            passages.append(sentence)
+    return passages
+
+
+def build_docstrings(exclude: set[str]) -> list[str]:
+    modules = sorted(m for m in sys.stdlib_module_names if not m.startswith("_") and m not in EXCLUDED_MODULES)
+    per_module = [module_passages(m) for m in modules]
+    taken: list[str] = []
+    seen = set(exclude)
+    for depth in range(max(map(len, per_module))):
+        for passages in per_module:
+            if depth < len(passages) and normalise(passages[depth]) not in seen:
+                seen.add(normalise(passages[depth]))
+                taken.append(passages[depth])
+                if len(taken) == HELDOUT_PASSAGES:
+                    return taken
+    raise SystemExit(f"Only {len(taken)} docstring passages found, {HELDOUT_PASSAGES} needed.")
+
+
+# ----------------------------------------------------------------------------- license note
+def wordnet_license(data_noun: Path) -> str:
+    # header lines: two spaces, the line number, a space, the text
+    header = [re.sub(r"^\s+\d+ ?", "", line).rstrip() for line in data_noun.read_text(encoding="ascii").splitlines()
+              if line.startswith("  ")]
+    return "\n".join(("> " + line).rstrip() for line in header).strip()
+
+
+def package_version(name: str) -> str:
+    try:
+        return subprocess.run(["dpkg-query", "-W", "-f=${Version}", name], capture_output=True, text=True,
+                              check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def license_note(data_noun: Path, counts: dict, seed: int) -> str:
+    digest = hashlib.sha256(data_noun.read_bytes()).hexdigest()
+    python = ".".join(map(str, sys.version_info[:3]))
+    table = "\n".join(f"| {label} | {c['synsets']} | {c['candidates']} | 400 / 100 / 100 |"
+                      for label, c in sorted(counts.items()))
+    return f"""# Quality benchmark data: sources and licenses
+
+Built by `python benchmarks/data/build_quality_data.py --seed {seed}` (after
+`apt-get install -y wordnet-base`); the script's docstring describes every step, and running
+it again gives the same files.
+
+| file | rows | content |
+|---|---|---|
+| `train.csv` | 1600 | WordNet noun definitions, `sentence,label` (label: the supersense) |
+| `validation.csv` | 400 | same, for tuning and the default benchmark split |
+| `test.csv` | 400 | same, held out: final figures only |
+| `heldout_docstrings.txt` | {HELDOUT_PASSAGES} | first sentences of Python {python} standard-library docstrings |
+
+Inputs: Debian package `wordnet-base` {package_version('wordnet-base')}, `data.noun` SHA-256
+`{digest}`; CPython {python}.
+
+## Classes
+
+The four most populated noun supersenses apart from `noun.plant` and `noun.animal` (whose
+glosses are mostly taxonomic formulas such as "a genus of ..."). Synsets in WordNet 3.0,
+usable definitions (5-60 words, text unique among all noun synsets), and taken per split
+(train / validation / test), at most {PREFIX_CAP} per class with the same first three words:
+
+| label | synsets | usable | taken |
+|---|---|---|---|
+{table}
+
+## WordNet 3.0 license (`train.csv`, `validation.csv`, `test.csv`)
+
+The definitions are WordNet glosses, copied verbatim (example sentences removed). WordNet
+is distributed by Princeton University under a permissive license: use, copying,
+modification and distribution for any purpose, without fee, provided the copyright notice,
+the statements and the disclaimer below appear on all copies; Princeton's name may not be
+used in advertising. The license, as it stands at the top of `data.noun`:
+
+{wordnet_license(data_noun)}
+
+Reference: George A. Miller (1995). WordNet: A Lexical Database for English.
+Communications of the ACM 38(11): 39-41. Christiane Fellbaum (1998, ed.) WordNet: An
+Electronic Lexical Database. Cambridge, MA: MIT Press.
+
+## Python Software Foundation License (`heldout_docstrings.txt`)
+
+The passages are excerpts of the docstrings of the CPython {python} standard library,
+Copyright (c) 2001 Python Software Foundation; All Rights Reserved, used under the PSF
+License Agreement for Python (version 2), which grants a "nonexclusive, royalty-free,
+world-wide license to reproduce, analyze, test, perform and/or display publicly, prepare
+derivative works, distribute, and otherwise use Python alone or in any derivative version,
+provided, however, that PSF's License Agreement and PSF's notice of copyright ... are
+retained in Python alone or in any derivative version prepared by Licensee". The full text
+is in the `LICENSE` file of every Python distribution and at the end of the Python
+documentation ("History and License").
+"""
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--wordnet", type=Path, default=DEFAULT_WORDNET, help="folder holding data.noun")
+    parser.add_argument("--output", type=Path, default=DEFAULT_OUTPUT)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    data_noun = args.wordnet / "data.noun"
+    if not data_noun.is_file():
+        raise SystemExit(f"{data_noun} not found: `apt-get update && apt-get install -y wordnet-base` first.")
+
+    splits, counts = build_gloss_splits(read_noun_definitions(data_noun), args.seed)
+    args.output.mkdir(parents=True, exist_ok=True)
+    for name, rows in splits.items():
+        write_csv(args.output / f"{name}.csv", rows)
+    glosses = {normalise(s) for rows in splits.values() for s, _ in rows}
+    docstrings = build_docstrings(exclude=glosses)
+    (args.output / "heldout_docstrings.txt").write_text("\n".join(docstrings) + "\n", encoding="utf-8")
+    (args.output / "LICENSE.md").write_text(license_note(data_noun, counts, args.seed), encoding="utf-8")
+    for label, c in sorted(counts.items()):
+        print(f"{label:20s} synsets {c['synsets']:6d}  usable {c['candidates']:6d}")
+    print(f"wrote {', '.join(f'{n} {len(r)}' for n, r in splits.items())}, "
+          f"{len(docstrings)} docstring passages to {args.output}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,78 @@
+"""Fast checks of the shipped quality-benchmark data (benchmarks/data/quality, built by
+benchmarks/data/build_quality_data.py): present, balanced, disjoint, real text."""
+
+import collections
+import csv
+from pathlib import Path
+
+import pytest
+
+DATA = Path(__file__).resolve().parents[1] / "benchmarks" / "data" / "quality"
+SPLITS = {"train": 1600, "validation": 400, "test": 400}
+LABELS = {"noun.act", "noun.artifact", "noun.communication", "noun.person"}
+
+
+def read_split(name):
+    with (DATA / f"{name}.csv").open(newline="", encoding="utf-8") as f:
+        reader = csv.DictReader(f)
+        assert reader.fieldnames == ["sentence", "label"]
+        return [(row["sentence"], row["label"]) for row in reader]
+
+
+@pytest.fixture(scope="module")
+def splits():
+    return {name: read_split(name) for name in SPLITS}
+
+
+def normalise(text):
+    return " ".join(text.lower().split())
+
+
+def test_files_exist():
+    for name in [*(f"{s}.csv" for s in SPLITS), "heldout_docstrings.txt", "LICENSE.md"]:
+        assert (DATA / name).is_file(), name
+    note = (DATA / "LICENSE.md").read_text()
+    assert "WordNet 3.0 Copyright 2006 by Princeton University" in note
+    assert "Python Software Foundation" in note
+    assert "build_quality_data.py" in note
+
+
+def test_sizes_and_balanced_labels(splits):
+    for name, rows in splits.items():
+        assert len(rows) == SPLITS[name]
+        counts = collections.Counter(label for _, label in rows)
+        assert set(counts) == LABELS
+        assert set(counts.values()) == {SPLITS[name] // len(LABELS)}, (name, counts)
+
+
+def test_no_duplicates_and_disjoint_splits(splits):
+    seen = {}
+    for name, rows in splits.items():
+        texts = [normalise(sentence) for sentence, _ in rows]
+        assert len(set(texts)) == len(texts), f"duplicates inside {name}"
+        for other, other_texts in seen.items():
+            assert not set(texts) & other_texts, f"{name} overlaps {other}"
+        seen[name] = set(texts)
+
+
+def test_text_is_not_templated(splits):
+    rows = [row for rows in splits.values() for row in rows]
+    prefixes = collections.Counter(" ".join(normalise(s).split()[:3]) for s, _ in rows)
+    assert len(prefixes) > 0.6 * len(rows)  # mostly distinct openings
+    assert prefixes.most_common(1)[0][1] <= 0.02 * len(rows)  # no opening dominates
+    vocabulary = {word for s, _ in rows for word in normalise(s).split()}
+    assert len(vocabulary) > 5000
+    lengths = [len(s.split()) for s, _ in rows]
+    assert min(lengths) >= 5 and max(lengths) <= 60
+    assert len(set(lengths)) > 25
+    assert not any('"' in s for s, _ in rows)  # definitions only, no quoted example sentences
+
+
+def test_heldout_docstrings(splits):
+    lines = (DATA / "heldout_docstrings.txt").read_text(encoding="utf-8").splitlines()
+    assert len(lines) == 300
+    assert all(line.strip() == line and 8 <= len(line.split()) <= 60 for line in lines)
+    assert len({normalise(line) for line in lines}) == len(lines)
+    train = {normalise(s) for s, _ in splits["train"]}
+    assert not train & {normalise(line) for line in lines}
+    assert len({" ".join(normalise(line).split()[:3]) for line in lines}) > 200
