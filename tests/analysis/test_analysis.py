@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 from tokenizers import Tokenizer, models, pre_tokenizers
-from transformers import AutoModel, ModernBertConfig, PreTrainedTokenizerFast, RobertaConfig
+from transformers import AutoModel, PreTrainedTokenizerFast
 
 import hf_sliced_attn
 from hf_sliced_attn import analysis
@@ -16,6 +16,7 @@ from hf_sliced_attn.analysis_cli import HEATMAP_NAME, JSON_NAME
 from hf_sliced_attn.cli import main as cli
 from hf_sliced_attn.attention import observe_attention
 from hf_sliced_attn.ops.naive import rela_weights_reference
+from tests.tiny_models import tiny_config
 
 TEXTS = [
     "the cat sat on the mat and looked at the dog that sat on the other mat near the door",
@@ -45,11 +46,7 @@ def make_tokenizer(pad_id: int) -> PreTrainedTokenizerFast:
 
 def roberta() -> tuple[torch.nn.Module, PreTrainedTokenizerFast]:
     torch.manual_seed(0)
-    config = RobertaConfig(
-        hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
-        vocab_size=len(WORDS) + 3, max_position_embeddings=96, pad_token_id=1,
-        hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
-    )
+    config = tiny_config("roberta", num_hidden_layers=2, vocab_size=len(WORDS) + 3)
     model = AutoModel.from_config(hf_sliced_attn.prepare_config(config, "rela"))
     return model.eval(), make_tokenizer(pad_id=1)
 
@@ -57,12 +54,8 @@ def roberta() -> tuple[torch.nn.Module, PreTrainedTokenizerFast]:
 def modernbert() -> tuple[torch.nn.Module, PreTrainedTokenizerFast]:
     """3 layers: global, local, local (window 5), all on ReLA."""
     torch.manual_seed(0)
-    config = ModernBertConfig(
-        hidden_size=32, num_hidden_layers=3, num_attention_heads=4, intermediate_size=64,
-        vocab_size=len(WORDS) + 3, max_position_embeddings=128, local_attention=8, global_attn_every_n_layers=3,
-        pad_token_id=0, bos_token_id=2, eos_token_id=2, cls_token_id=2, sep_token_id=2,
-        attention_dropout=0.0, mlp_dropout=0.0, embedding_dropout=0.0,
-    )
+    config = tiny_config("modernbert", vocab_size=len(WORDS) + 3, bos_token_id=2, eos_token_id=2, cls_token_id=2,
+                         sep_token_id=2)
     model = AutoModel.from_config(hf_sliced_attn.prepare_config(config, "rela", layers="all"))
     return model.eval(), make_tokenizer(pad_id=0)
 
@@ -158,8 +151,7 @@ def test_outputs(tmp_path):
 
 def test_non_rela_model_is_refused():
     torch.manual_seed(0)
-    config = RobertaConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=4, intermediate_size=64,
-                           vocab_size=len(WORDS) + 3, pad_token_id=1)
+    config = tiny_config("roberta", num_hidden_layers=1, vocab_size=len(WORDS) + 3)
     for model in (AutoModel.from_config(config),
                   AutoModel.from_config(hf_sliced_attn.prepare_config(config, "sliced_relu"))):
         with pytest.raises(ValueError, match="needs a ReLA model"):
@@ -185,8 +177,7 @@ def test_cli_writes_the_files(tmp_path, capsys):
 
 
 def test_cli_refuses_a_softmax_model(tmp_path, capsys):
-    config = RobertaConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=4, intermediate_size=64,
-                           vocab_size=len(WORDS) + 3, pad_token_id=1)
+    config = tiny_config("roberta", num_hidden_layers=1, vocab_size=len(WORDS) + 3)
     AutoModel.from_config(config).save_pretrained(tmp_path / "model")
     text = tmp_path / "texts.txt"
     text.write_text("one text\n")

@@ -7,7 +7,7 @@ import torch
 
 from hf_sliced_attn.convert import ConvertOptions, convert
 
-from .tiny import HELDOUT_TEXT, TRAIN_TEXT, tiny_checkpoint
+from tests.tiny_models import HELDOUT_TEXT, TRAIN_TEXT, tiny_checkpoint
 
 
 @pytest.fixture(autouse=True)
@@ -21,12 +21,12 @@ def one_thread():
 
 @pytest.fixture(scope="session")
 def tiny_roberta(tmp_path_factory):
-    return tiny_checkpoint("roberta", tmp_path_factory.mktemp("tiny-roberta"))
+    return tiny_checkpoint("roberta", tmp_path_factory.mktemp("tiny-roberta"), num_hidden_layers=2)
 
 
 @pytest.fixture(scope="session")
 def tiny_modernbert(tmp_path_factory):
-    return tiny_checkpoint("modernbert", tmp_path_factory.mktemp("tiny-modernbert"))
+    return tiny_checkpoint("modernbert", tmp_path_factory.mktemp("tiny-modernbert"), global_attn_every_n_layers=2)
 
 
 def tiny_options(model, output, **overrides) -> ConvertOptions:

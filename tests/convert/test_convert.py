@@ -18,7 +18,7 @@ from hf_sliced_attn.taps import attention_modules
 from hf_sliced_attn.text import split_heldout
 
 from .conftest import tiny_options
-from .tiny import HELDOUT_TEXT
+from tests.tiny_models import HELDOUT_TEXT
 
 
 def assert_converted_folder(output, mechanism: str) -> None:

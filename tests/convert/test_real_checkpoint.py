@@ -13,7 +13,7 @@ import pytest
 from hf_sliced_attn.convert import ConvertOptions, convert
 
 from .test_convert import assert_converted_folder
-from .tiny import HELDOUT_TEXT, TRAIN_TEXT
+from tests.tiny_models import HELDOUT_TEXT, TRAIN_TEXT
 
 SETTINGS = {
     # With the conversion options (the authors' MLP projection, learned gain and mean value);

@@ -16,7 +16,7 @@ from hf_sliced_attn.mechanisms import SLICED_RELU
 from hf_sliced_attn.mechanisms.sliced_relu import SlicedMLPProjection, SlicedOutputAffine
 from hf_sliced_attn.ops.naive import sliced_relu_reference, value_mean_reference
 
-from .tiny_models import MODEL_TYPES, VOCAB, tiny_config
+from tests.tiny_models import MODEL_TYPES, VOCAB, tiny_config
 
 MECHANISMS = ["sliced_relu", "rela"]
 MODULE = {"sliced_relu": "sliced_projection", "rela": "rela_norm"}
@@ -258,7 +258,8 @@ def test_mlp_projection_and_affine_output_are_built_initialised_and_saved(vanill
     model.save_pretrained(tmp_path)
     reloaded, info = AutoModel.from_pretrained(tmp_path, output_loading_info=True)
     assert not info["missing_keys"] and not info["unexpected_keys"] and not info["mismatched_keys"]
-    assert reloaded.config.hf_sliced_attn == {"mechanism": "sliced_relu", "layers": "global", **CONVERSION_OPTIONS}
+    assert reloaded.config.hf_sliced_attn == {"mechanism": "sliced_relu", "layers": "global",
+                                              **CONVERSION_OPTIONS}
     ids, mask = tokens(2, 11), torch.ones(2, 11, dtype=torch.long)
     mask[1, 6:] = 0
     with torch.no_grad():

@@ -9,7 +9,7 @@ from transformers import AutoModel
 import hf_sliced_attn
 from hf_sliced_attn.attention import LAYER_MODE_ATTR
 
-from .tiny_models import tiny_config
+from tests.tiny_models import tiny_config
 
 WINDOW = 5  # tiny_config("modernbert"): local_attention=8 -> |i - j| <= 4
 
