@@ -7,14 +7,9 @@ import torch
 
 from hf_sliced_attn.ops.naive import sliced_relu_reference
 from hf_sliced_attn.ops.sliced_relu import sliced_relu
+from tests.reference_checks import assert_matches_reference, outputs_and_grads, relative_error
 
-
-def _rel_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
-    """max |actual - expected| / max |expected|, the scale floored at 1e-6 for tensors that
-    are 0 in exact arithmetic (e.g. every gradient when there is a single key)."""
-    expected = expected.double()
-    scale = expected.abs().max().clamp_min(1e-6)
-    return ((actual.double() - expected).abs().max() / scale).item()
+SCALARS_AND_VALUE = ("query_scalars", "key_scalars", "value")
 
 
 def _inputs(
@@ -36,18 +31,11 @@ def _padding(batch: int, k_len: int, seed: int = 0) -> torch.Tensor:
     return mask
 
 
-def _op_and_reference(
-    s: torch.Tensor, t: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, seed: int = 1
-) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-    """[out, ds, dt, dv] from the op and from the float64 reference, at the same inputs."""
-    leaves = [x.detach().clone().requires_grad_() for x in (s, t, v)]
-    out = sliced_relu(*leaves, key_padding_mask=mask)
-    grad = torch.randn(out.shape, generator=torch.Generator().manual_seed(seed)).to(out.dtype)
-    grads = torch.autograd.grad(out, leaves, grad)
-    ref_leaves = [x.detach().double().requires_grad_() for x in (s, t, v)]
-    ref = sliced_relu_reference(*ref_leaves, key_padding_mask=mask)
-    ref_grads = torch.autograd.grad(ref, ref_leaves, grad.double())
-    return [out, *grads], [ref, *ref_grads]
+def _tensors(
+    s: torch.Tensor, t: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None
+) -> dict[str, torch.Tensor | None]:
+    """The op's keyword inputs."""
+    return {"query_scalars": s, "key_scalars": t, "value": v, "key_padding_mask": mask}
 
 
 SHAPES = [
@@ -67,11 +55,11 @@ SHAPES = [
 def test_matches_reference(batch, heads, slices, q_len, k_len, dim, padded):
     s, t, v = _inputs(batch, heads, slices, q_len, k_len, dim)
     mask = _padding(batch, k_len) if padded else None
-    actual, expected = _op_and_reference(s, t, v, mask)
-    assert actual[0].shape == (batch, heads, q_len, dim) and actual[0].dtype == torch.float32
-    for name, a, e in zip(["out", "ds", "dt", "dv"], actual, expected):
-        assert a.shape == e.shape and torch.isfinite(a).all(), name
-        assert _rel_error(a, e) <= 1e-5, (name, _rel_error(a, e))
+    out = assert_matches_reference(
+        sliced_relu, sliced_relu_reference, _tensors(s, t, v, mask), differentiable=SCALARS_AND_VALUE,
+        rtol=1e-5, grad_rtol=1e-5,
+    )
+    assert out.shape == (batch, heads, q_len, dim) and out.dtype == torch.float32
 
 
 def test_fully_padded_row_gives_finite_zeros():
@@ -79,8 +67,8 @@ def test_fully_padded_row_gives_finite_zeros():
     mask = torch.ones(2, 30, dtype=torch.bool)
     mask[1] = False
     mask[0, :5] = False
-    actual, _ = _op_and_reference(s, t, v, mask)
-    out, ds, dt, dv = actual
+    out, grads = outputs_and_grads(sliced_relu, _tensors(s, t, v, mask), differentiable=SCALARS_AND_VALUE)
+    ds, dt, dv = grads.values()
     assert torch.isfinite(out).all() and out[0].abs().max() > 0
     for x in (out[1], ds[1], dt[1], dv[1], dt[0, ..., :5], dv[0, :, :5]):
         assert torch.equal(x, torch.zeros_like(x))
@@ -96,10 +84,10 @@ def test_ties(slices):
     s = torch.randint(-3, 4, (*lead, 40), generator=generator).float()
     t = torch.randint(-3, 4, (*lead, 50), generator=generator).float()
     v = torch.randn(2, 3, 50, 6, generator=generator)
-    mask = _padding(2, 50)
-    actual, expected = _op_and_reference(s, t, v, mask)
-    assert _rel_error(actual[0], expected[0]) <= 1e-5
-    assert _rel_error(actual[3], expected[3]) <= 1e-5
+    assert_matches_reference(
+        sliced_relu, sliced_relu_reference, _tensors(s, t, v, _padding(2, 50)), differentiable=("value",),
+        rtol=1e-5, grad_rtol=1e-5,
+    )
 
 
 def test_all_keys_equal_gives_zero():
@@ -133,16 +121,17 @@ def test_long_sequence_with_offsets():
     out = sliced_relu(s, t, v)
     queries = torch.cat([torch.randperm(length, generator=generator)[:1024], s[0, 0].argsort()[[0, 1, -2, -1]]])
     expected = _chunked_reference(s, t, v, queries)
-    assert _rel_error(out[:, :, queries], expected) <= 2e-5
+    assert relative_error(out[:, :, queries], expected) <= 2e-5
 
 
 def test_gradients_at_1024():
     s, t, v = _inputs(1, 2, 2, 1024, 1024, 16, seed=5)
     mask = torch.ones(1, 1024, dtype=torch.bool)
     mask[0, -100:] = False
-    actual, expected = _op_and_reference(s, t, v + 3, mask)
-    for name, a, e in zip(["ds", "dt", "dv"], actual[1:], expected[1:]):
-        assert _rel_error(a, e) <= 1e-4, (name, _rel_error(a, e))
+    assert_matches_reference(
+        sliced_relu, sliced_relu_reference, _tensors(s, t, v + 3, mask), differentiable=SCALARS_AND_VALUE,
+        rtol=1e-5, grad_rtol=1e-4,
+    )
 
 
 @pytest.mark.parametrize("slices,padded", [(None, False), (2, False), (2, True), (1, True)])
@@ -156,11 +145,14 @@ def test_gradcheck(slices, padded):
 @pytest.mark.parametrize("dtype,tolerance", [(torch.float16, 5e-3), (torch.bfloat16, 3e-2)])
 def test_half_precision(dtype, tolerance):
     s, t, v = _inputs(2, 2, 2, 40, 50, 8, dtype=dtype, seed=7)
-    mask = _padding(2, 50)
-    actual, expected = _op_and_reference(s, t, v, mask)
-    for name, a, e, x in zip(["out", "ds", "dt", "dv"], actual, expected, (v, s, t, v)):
+    tensors = _tensors(s, t, v, _padding(2, 50))
+    out, grads = outputs_and_grads(sliced_relu, tensors, differentiable=SCALARS_AND_VALUE)
+    ref, ref_grads = outputs_and_grads(
+        sliced_relu_reference, tensors, differentiable=SCALARS_AND_VALUE, dtype=torch.float64
+    )
+    for name, a, e in [("out", out, ref)] + [(n, grads[n], ref_grads[n]) for n in SCALARS_AND_VALUE]:
         assert a.dtype == dtype, name
-        assert _rel_error(a, e) <= tolerance, (name, _rel_error(a, e))
+        assert relative_error(a, e) <= tolerance, (name, relative_error(a, e))
 
 
 @pytest.mark.parametrize(
