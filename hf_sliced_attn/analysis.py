@@ -44,6 +44,7 @@ import torch
 from torch import nn
 
 from .attention import observe_attention
+from .integration import mechanism_config_of
 from .mechanisms import CONFIG_KEY
 from .ops._common import band_mask, key_range
 
@@ -178,8 +179,8 @@ def _mean(values: Sequence[float]) -> float:
 
 def check_rela_config(config: Any) -> None:
     """Raise a ValueError unless ``config`` (a transformers config) was converted to ReLA."""
-    saved = getattr(config, CONFIG_KEY, None)
-    mechanism = saved.get("mechanism") if isinstance(saved, dict) else None
+    options = mechanism_config_of(config)
+    mechanism = None if options is None else options.mechanism
     if mechanism != "rela":
         raise ValueError(
             f"The ReLA analysis needs a ReLA model (config.{CONFIG_KEY}['mechanism'] == 'rela'), but this "

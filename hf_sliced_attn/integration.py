@@ -30,9 +30,11 @@ from .models import ARCHITECTURES, SUPPORTED_MODEL_TYPES, ArchitectureSpec, spec
 def mechanism_config_of(config: PretrainedConfig) -> MechanismConfig | None:
     """The mechanism ``config`` asks for, or None for a plain softmax model.
 
-    A config saved by the plugin carries its options under ``CONFIG_KEY``; a fresh
-    conversion only has ``attn_implementation`` set to a mechanism, and gets the default
-    options written into the config here, so that ``save_pretrained`` keeps them.
+    A converted checkpoint (or a config given to :func:`prepare_config`) carries its options
+    under ``CONFIG_KEY``, and asking it for another attention is an error. A plain config that
+    only has ``attn_implementation`` set to a mechanism gets that mechanism's default options;
+    they are not written into the config (the caller may build a softmax model from the same
+    config object next), but ``config.to_dict()`` (so ``save_pretrained``) includes them.
     """
     requested = config._attn_implementation
     saved = getattr(config, CONFIG_KEY, None)
@@ -46,9 +48,7 @@ def mechanism_config_of(config: PretrainedConfig) -> MechanismConfig | None:
             )
         return options
     if requested in MECHANISMS:
-        options = MECHANISMS[requested].make_config()
-        setattr(config, CONFIG_KEY, options.to_dict())
-        return options
+        return MECHANISMS[requested].make_config()
     return None
 
 
@@ -141,11 +141,23 @@ def _patch_config_to_dict(config_class: type[PretrainedConfig]) -> None:
     @functools.wraps(original)
     def to_dict(self) -> dict[str, Any]:
         output = original(self)
+        if CONFIG_KEY not in output and self._attn_implementation in MECHANISMS:
+            output[CONFIG_KEY] = MECHANISMS[self._attn_implementation].make_config().to_dict()
         if CONFIG_KEY in output:
             output["attn_implementation"] = output[CONFIG_KEY]["mechanism"]
         return output
 
     config_class.to_dict = to_dict
+
+
+def _built_mechanism(model: PreTrainedModel, spec: ArchitectureSpec) -> str | None:
+    """The mechanism ``model``'s attention layers were built for (saved in its config, or marked on
+    its layers at construction), or None for a softmax model."""
+    saved = getattr(model.config, CONFIG_KEY, None)
+    if saved is not None:
+        return saved["mechanism"]
+    modes = {getattr(m, LAYER_MODE_ATTR, SOFTMAX) for m in model.modules() if isinstance(m, spec.attention_classes)}
+    return next(iter(modes - {SOFTMAX}), None)
 
 
 def _patch_set_attn_implementation(pretrained_class: type[PreTrainedModel], spec: ArchitectureSpec) -> None:
@@ -154,15 +166,15 @@ def _patch_set_attn_implementation(pretrained_class: type[PreTrainedModel], spec
     @functools.wraps(original)
     def set_attn_implementation(self, attn_implementation, *args, **kwargs):
         requested = attn_implementation if isinstance(attn_implementation, str) else attn_implementation.get("")
-        saved = getattr(self.config, CONFIG_KEY, None)
-        if saved is not None and requested != saved["mechanism"]:
+        converted_to = _built_mechanism(self, spec)
+        if converted_to is not None and requested != converted_to:
             raise ValueError(
-                f"This model was converted to {saved['mechanism']!r} attention; switching it to {requested!r} "
-                f"would run weights trained for {saved['mechanism']!r} with another attention. Load the original "
+                f"This model was converted to {converted_to!r} attention; switching it to {requested!r} "
+                f"would run its {converted_to!r} layers with another attention. Load the original "
                 "checkpoint for that."
             )
         original(self, attn_implementation, *args, **kwargs)
-        if saved is None and requested in MECHANISMS:
+        if converted_to is None and requested in MECHANISMS:
             # A model built for softmax: attach freshly initialised modules, never run without them.
             for attention in self.modules():
                 if isinstance(attention, spec.attention_classes):

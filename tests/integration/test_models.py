@@ -168,7 +168,7 @@ def test_set_attn_implementation_attaches_initialised_modules(vanilla_dir, mecha
     with torch.no_grad():
         softmax_out = model(input_ids=ids).last_hidden_state
     model.set_attn_implementation(mechanism)
-    assert model.config.hf_sliced_attn["mechanism"] == mechanism
+    assert model.config.to_dict()["hf_sliced_attn"]["mechanism"] == mechanism
     new = [getattr(m, MODULE[mechanism]) for m in attention_modules(model) if hasattr(m, MODULE[mechanism])]
     assert new and all(torch.isfinite(p).all() for module in new for p in module.parameters())
     with torch.no_grad():
@@ -309,3 +309,24 @@ def test_prepare_config_keeps_the_options_of_a_converted_checkpoint(vanilla_dir,
         hf_sliced_attn.prepare_config(AutoConfig.from_pretrained(tmp_path), "sliced_relu", projection="linear")
     with pytest.raises(ValueError, match="converted to 'sliced_relu'; it cannot be prepared for 'rela'"):
         hf_sliced_attn.prepare_config(AutoConfig.from_pretrained(tmp_path), "rela")
+
+
+@pytest.mark.parametrize("mechanism", MECHANISMS)
+@pytest.mark.parametrize("model_type", MODEL_TYPES)
+def test_a_config_object_is_not_poisoned(model_type, mechanism):
+    """Building a plugin model and then a softmax baseline from the same config object works, and the
+    baseline runs softmax: no plugin module, and the outputs of a model from an untouched config."""
+    config = tiny_config(model_type)
+    converted = AutoModel.from_config(config, attn_implementation=mechanism)
+    assert hf_sliced_attn.modules_to_save(converted)
+    assert not hasattr(config, hf_sliced_attn.CONFIG_KEY)
+    torch.manual_seed(0)
+    baseline = AutoModel.from_config(config, attn_implementation="eager").eval()
+    torch.manual_seed(0)
+    untouched = AutoModel.from_config(tiny_config(model_type), attn_implementation="eager").eval()
+    assert hf_sliced_attn.modules_to_save(baseline) == []
+    assert all(getattr(m, LAYER_MODE_ATTR, None) is None for m in attention_modules(baseline))
+    ids = tokens(2, 9)
+    with torch.no_grad():
+        torch.testing.assert_close(baseline(input_ids=ids).last_hidden_state, untouched(input_ids=ids).last_hidden_state)
+    assert "hf_sliced_attn" not in baseline.config.to_dict()
