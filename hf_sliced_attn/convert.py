@@ -27,7 +27,7 @@ from typing import Any
 from accelerate import Accelerator, DistributedDataParallelKwargs
 from accelerate.utils import set_seed
 from peft import LoraConfig, PeftModel, get_peft_model
-from transformers import AutoConfig, AutoModel, AutoTokenizer, PretrainedConfig, PreTrainedModel
+from transformers import AutoModel, AutoTokenizer, PretrainedConfig, PreTrainedModel
 
 from .artifacts import CHECKPOINT_DIR, REFERENCE_TEXTS, REPORT_NAME, save_converted
 from .cards import base_model_license, render_conversion_card
@@ -36,6 +36,7 @@ from .fidelity import measure_fidelity
 from .integration import lora_target_modules, modules_to_save, prepare_config
 from .mechanisms import CONFIG_KEY, MECHANISMS
 from .models import spec_for
+from .sources import load_model_config
 from .taps import converted_layers
 from .text import Batches, load_texts, split_heldout, tokenize
 from .transfer import TransferSchedule, latest_checkpoint, transfer_attention
@@ -167,7 +168,7 @@ def convert(options: ConvertOptions, on_step: Callable[[int, float], None] | Non
     completed step is saved in ``output_dir/checkpoints`` and the interrupt propagates;
     ``resume=True`` continues from it.
     """
-    config = AutoConfig.from_pretrained(options.model)
+    config = load_model_config(options.model)
     spec_for(config.model_type)  # an unsupported architecture fails here, listing the supported ones
     train_texts, heldout_texts, heldout_note = _texts(options)
     accelerator = Accelerator(step_scheduler_with_optimizer=False, **cpu_process_group_kwargs(),

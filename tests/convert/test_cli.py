@@ -87,3 +87,16 @@ def test_sliced_relu_options_reach_the_saved_config(tiny_roberta, tmp_path):
 def test_sliced_relu_options_with_rela_are_an_error(tiny_roberta, tmp_path, capsys):
     assert main(convert_args(tiny_roberta, tmp_path / "o", "--projection", "mlp")) == 1
     assert "--projection applies to sliced_relu only, not to rela." in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("model, expected", [
+    ("/no/such/folder", "No local folder '/no/such/folder' exists, and the name cannot be a Hub model id"),
+    ("someorg/no-such-model", "as a Hub model id it cannot be downloaded because the machine is offline"),
+])
+def test_a_missing_model_is_one_line_and_a_nonzero_exit(model, expected, tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    assert main(["convert", "--model", model, "--attn", "rela", "--text", TRAIN_TEXT,
+                 "--output", str(tmp_path / "o")]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and expected in err and "Traceback" not in err
+    assert not (tmp_path / "o").exists()
