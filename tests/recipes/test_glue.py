@@ -11,7 +11,9 @@ import json
 import os
 import subprocess
 import sys
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import ClassVar
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
@@ -24,6 +26,7 @@ from scipy.stats import pearsonr, spearmanr
 from sklearn.metrics import f1_score
 
 import hf_sliced_attn
+from hf_sliced_attn.mechanisms import Paper
 
 REPO = Path(__file__).resolve().parents[2]
 RECIPE = REPO / "recipes" / "glue.py"
@@ -33,6 +36,7 @@ TASKS = ["cola", "sst2", "mrpc", "stsb", "qqp", "mnli", "qnli", "rte", "wnli"]
 
 spec = importlib.util.spec_from_file_location("glue_recipe", RECIPE)
 glue = importlib.util.module_from_spec(spec)
+sys.modules[spec.name] = glue  # as an import would: the recipe's dataclasses look their module up there
 spec.loader.exec_module(glue)
 
 # GLUE-format files of the bundled sample, per format
@@ -169,8 +173,10 @@ def test_end_to_end(task, attn, tiny, tmp_path):
     assert len((out / "train_log.jsonl").read_text().splitlines()) == 6
     config = json.loads((out / "config.json").read_text())
     assert config["attn_implementation"] == attn
-    assert config["num_labels" if "num_labels" in config else "id2label"] or True
-    assert len(config["id2label"]) == {"sst2": 2, "mrpc": 2, "stsb": 1, "mnli": 3}[task]
+    # the saved head: one label per class of the data, named (GLUE names with --task_name), or one regression score
+    expected_labels = {"sst2": ["negative", "positive"], "mrpc": ["0", "1"], "stsb": ["LABEL_0"], "mnli": ["0", "1", "2"]}
+    assert [config["id2label"][str(i)] for i in range(len(config["id2label"]))] == expected_labels[task]
+    assert config["problem_type"] == ("regression" if task == "stsb" else "single_label_classification")
     assert (out / "tokenizer.json").is_file() and (out / "README.md").is_file()
     assert "---" in (out / "README.md").read_text()
     if task == "sst2":  # predictions on the unlabeled test file, with the label names
@@ -439,8 +445,57 @@ def test_sliced_relu_projection_and_affine_output_flags(tiny, tmp_path):
     assert type(attention.sliced_projection).__name__ == "SlicedMLPProjection" and hasattr(attention, "sliced_output")
 
 
+def test_layers_flag_and_its_alias(tiny, tmp_path):
+    """--layers is generated from the mechanisms' options; --attn_layers (the README's) is the same flag."""
+    for flag in ("--layers", "--attn_layers"):
+        args = glue.parse_args([str(a) for a in common(tiny, tmp_path / "o", "rela") + DATA["sst2"] + [flag, "1"]])
+        assert args.layers == [1]
+        assert glue.build_config(args, 2, [0, 1], False).to_dict()[hf_sliced_attn.CONFIG_KEY]["layers"] == [1]
+    assert glue.parse_args([str(a) for a in common(tiny, tmp_path / "o") + DATA["sst2"]]).layers is None  # not given
+
+
 def test_bad_plugin_options(capsys, tiny, tmp_path):
     expect_error(capsys, common(tiny, tmp_path / "o") + DATA["sst2"] + ["--attn_layers", "first"], "--attn_layers", "global")
-    expect_error(capsys, common(tiny, tmp_path / "o", attn="rela") + DATA["sst2"] + ["--num_slices", 2], "sliced_relu")
+    expect_error(capsys, common(tiny, tmp_path / "o") + DATA["sst2"] + ["--layers", "first"], "--layers", "global")
+    expect_error(capsys, common(tiny, tmp_path / "o", attn="rela") + DATA["sst2"] + ["--num_slices", 2],
+                 "--num_slices applies to sliced_relu only", "not to rela")
     expect_error(capsys, common(tiny, tmp_path / "o", attn="rela") + DATA["sst2"] + ["--projection", "mlp", "--no-affine_output"],
-                 "--projection, --affine_output only apply to --attn_implementation sliced_relu")
+                 "--projection applies to sliced_relu only", "--affine_output applies to sliced_relu only")
+    expect_error(capsys, common(tiny, tmp_path / "o", attn="sliced_relu") + DATA["sst2"] + ["--norm_eps", 1e-5],
+                 "--norm_eps applies to rela only", "not to sliced_relu")
+    expect_error(capsys, common(tiny, tmp_path / "o", attn="sdpa") + DATA["sst2"] + ["--layers", "0"],
+                 "--layers applies to", "not to softmax attention")
+
+
+@dataclass
+class EchoConfig(hf_sliced_attn.MechanismConfig):
+    mechanism: ClassVar[str] = "echo"
+    echo_gain: float = field(default=1.0, metadata={"help": "a made-up option"})
+
+
+def test_a_mechanism_registered_at_run_time_is_offered(tiny, tmp_path):
+    """The --attn_implementation choices and the option flags are read from the registry when the parser is built."""
+    argv = [str(a) for a in common(tiny, tmp_path / "o", "echo") + DATA["sst2"] + ["--echo_gain", 0.5]]
+    with pytest.raises(SystemExit):
+        glue.parse_args(argv)
+    echo = hf_sliced_attn.Mechanism(
+        name="echo", config_class=EchoConfig, module_names=(), build_modules=lambda *_: {}, attend=None,
+        title="Echo", tag="echo", paper=Paper(arxiv_id="0000.00000", authors="Nobody"), description="A test.")
+    hf_sliced_attn.register_mechanism(echo)
+    try:
+        args = glue.parse_args(argv)
+        assert (args.attn_implementation, args.echo_gain) == ("echo", 0.5)
+        assert glue.attention_options(args) == {"echo_gain": 0.5}
+    finally:
+        hf_sliced_attn.MECHANISMS.unregister("echo")
+
+
+def test_softmax_baseline_runs_without_a_plugin_card(tiny, tmp_path, caplog):
+    """sdpa/eager: trained and saved like the mechanisms; render_glue_card describes a mechanism, so no README.md."""
+    out = tmp_path / "out"
+    with caplog.at_level("INFO"):
+        results = run(common(tiny, out, "sdpa") + DATA["sst2"] + ["--max_train_steps", 2, "--max_train_samples", 32])
+    assert 0.0 <= results["eval_accuracy"] <= 1.0 and results["train_steps"] == 2
+    assert json.loads((out / "config.json").read_text()).get(hf_sliced_attn.CONFIG_KEY) is None
+    assert not (out / "README.md").exists()
+    assert "No model card written" in caplog.text
