@@ -40,9 +40,13 @@ def _hub_id(name: str | None) -> str | None:
     return name if name and not Path(name).exists() and re.fullmatch(r"[\w.-]+(/[\w.-]+)?", name) else None
 
 
-def _model_ref(name: str) -> str:
-    """Markdown for a base model: a link to its Hub page, or its local path in code."""
-    return f"[{name}](https://huggingface.co/{name})" if _hub_id(name) else f"`{name}`"
+LOCAL_BASE_MODEL = "a local checkpoint"
+"""How a card names a base model whose Hub id is unknown (a card never holds a local path)."""
+
+
+def _model_ref(name: str | None) -> str:
+    """Markdown for a base model: a link to its Hub page, or :data:`LOCAL_BASE_MODEL`."""
+    return f"[{name}](https://huggingface.co/{name})" if _hub_id(name) else LOCAL_BASE_MODEL
 
 
 def _loading_code(model_id: str, *, model_class: str, mechanism: str, adapter_base: str | None = None) -> str:
@@ -89,11 +93,11 @@ def render_conversion_card(output_dir: str | Path, *, report: dict[str, Any], mo
                            save: bool = True) -> ModelCard:
     """The card of a converted folder, from its fidelity ``report`` (the content of ``fidelity.json``).
 
-    ``model_id`` is the name in the loading snippet (default: the folder's path). With
+    ``model_id`` is the name in the loading snippet (default: the folder's name). With
     ``save``, the card is written to ``output_dir/README.md``.
     """
     output_dir = Path(output_dir)
-    model_id = model_id or str(output_dir)
+    model_id = model_id or output_dir.name
     mechanism, base = report["mechanism"], report["base_model"]
     training = report["training"]
     results = [
@@ -125,7 +129,8 @@ def render_conversion_card(output_dir: str | Path, *, report: dict[str, Any], mo
         base_model_ref=_model_ref(base), adapter_only=report["adapter_only"],
         layers_description=_layers_description(report["converted_layers"], report["mechanism_options"]),
         loading_code=_loading_code(model_id, model_class="AutoModel", mechanism=mechanism,
-                                   adapter_base=base if report["adapter_only"] else None),
+                                   adapter_base=(_hub_id(base) or "path/to/the-base-model")
+                                   if report["adapter_only"] else None),
         training=training, training_text=", ".join(map(str, training["text"])),
         wall_time=f"{report['wall_time_s'] / 60:.1f} min", heldout=report["heldout"],
         heldout_source=", ".join(heldout_source) if isinstance(heldout_source, list) else heldout_source,
@@ -139,7 +144,7 @@ def render_conversion_card(output_dir: str | Path, *, report: dict[str, Any], mo
     return card
 
 
-def render_glue_card(output_dir: str | Path, *, base_model: str, task_name: str, metrics: dict[str, float],
+def render_glue_card(output_dir: str | Path, *, base_model: str | None, task_name: str, metrics: dict[str, float],
                      mechanism: str, dataset_name: str | None = None, split: str = "validation",
                      model_id: str | None = None, license: str | None = None) -> ModelCard:
     """Write ``output_dir/README.md`` for a model fine-tuned on GLUE ``task_name`` and return the card.
@@ -148,11 +153,12 @@ def render_glue_card(output_dir: str | Path, *, base_model: str, task_name: str,
     an ``eval_`` prefix is dropped, and losses, runtimes and counters are left out of the
     ``model-index``). ``dataset_name`` is the Hub dataset trained on (default ``nyu-mll/glue``), or
     a description of local data (then the metadata lists no dataset); ``model_id`` names the model
-    in the loading snippet (default: the folder's path).
+    in the loading snippet (default: the folder's name). ``base_model`` is a Hub id, or None
+    when it has none (the card then says "a local checkpoint").
     """
     MECHANISMS.get_mechanism(mechanism)  # an unknown one fails here, listing the valid ones
     output_dir = Path(output_dir)
-    model_id = model_id or str(output_dir)
+    model_id = model_id or output_dir.name
     dataset = dataset_name or "nyu-mll/glue"
     dataset_id = _hub_id(dataset)
     scores = {name.removeprefix("eval_"): float(value) for name, value in metrics.items()

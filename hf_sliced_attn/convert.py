@@ -36,7 +36,7 @@ from .fidelity import measure_fidelity
 from .integration import lora_target_modules, modules_to_save, prepare_config
 from .mechanisms import CONFIG_KEY, MECHANISMS
 from .models import spec_for
-from .sources import load_model_config
+from .sources import hub_id_of, load_model_config, source_name
 from .taps import converted_layers
 from .text import Batches, load_texts, split_heldout, tokenize
 from .transfer import TransferSchedule, latest_checkpoint, transfer_attention
@@ -79,7 +79,7 @@ class ConvertOptions:
     overwrite: bool = False
     resume: bool = False
     base_model_id: str | None = None
-    """The Hub id to name in the model card when ``model`` is a local folder."""
+    """The Hub id to name in the model card; None: found from the checkpoint (:func:`~hf_sliced_attn.sources.hub_id_of`)."""
 
     def __post_init__(self) -> None:
         self.resolved_options()  # an unknown mechanism or a bad option fails here, saying what is valid
@@ -213,7 +213,7 @@ def _report(options: ConvertOptions, mechanism_options: dict[str, Any], layers: 
     """The fidelity report (``fidelity.json``) without its reference outputs, wall time and license."""
     metrics = ("hidden_state_cosine", "embedding_cosine", "pairwise_spearman")
     return {
-        "base_model": options.base_model_id or options.model,
+        "base_model": options.base_model_id or hub_id_of(options.model),
         "mechanism": options.mechanism,
         "mechanism_options": mechanism_options,
         "adapter_only": options.adapter_only,
@@ -223,8 +223,9 @@ def _report(options: ConvertOptions, mechanism_options: dict[str, Any], layers: 
                                      "mean_before": before["attention_relative_error_mean"],
                                      "mean_after": after["attention_relative_error_mean"]},
         **{name: {"before": before[name], "after": after[name]} for name in metrics},
-        "heldout": {"num_texts": num_heldout, "source": options.heldout_text or heldout_note},
-        "training": {"num_texts": num_train, "text": options.text,
+        "heldout": {"num_texts": num_heldout,
+                    "source": [source_name(s) for s in options.heldout_text] if options.heldout_text else heldout_note},
+        "training": {"num_texts": num_train, "text": [source_name(s) for s in options.text],
                      "datasets": [source for source in options.text if not Path(source).exists()],
                      "stage1_steps": options.steps,
                      "stage2_steps": options.stage2_steps, "stage2_loss": options.stage2_loss, "lr": options.lr,

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
-from huggingface_hub import CommitOperationAdd, HfApi, constants, get_token
+from huggingface_hub import CommitOperationAdd, HfApi, ModelCard, constants, get_token
 from huggingface_hub.errors import HfHubHTTPError, OfflineModeIsEnabled
 from transformers import AutoTokenizer
 
@@ -92,7 +92,11 @@ def push(folder: str | Path, repo_id: str, *, private: bool = False, revision: s
         raise PushError(f"{folder} is not a model folder (no config.json).")
     if (folder / CHECKPOINT_DIR).exists():
         raise PushError(f"{folder} holds an unfinished conversion ({CHECKPOINT_DIR}/): finish it with --resume first.")
-    card = publish_card(folder, repo_id).encode("utf-8")
+    card_text = publish_card(folder, repo_id)
+    if not ModelCard(card_text).data.base_model:
+        echo("Warning: the model card names no base_model (the checkpoint's Hub id was not found). Convert with "
+             "--base-model-id ORG/NAME, or add base_model to the card, so that the Hub links the two.")
+    card = card_text.encode("utf-8")
     files_ = sorted({*upload_plan(folder), "README.md"})
     echo(f"Checked: {folder} {verify_folder(folder)}.")
     if dry_run:

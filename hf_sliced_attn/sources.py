@@ -1,7 +1,11 @@
-"""Where a model comes from: a local folder or a Hub id, and one clear error when it is neither."""
+"""Where a model or a text comes from: a local folder or a Hub id, one clear error when it is
+neither, and names to record that are never local paths."""
 
 from __future__ import annotations
 
+import json
+import re
+from collections import Counter
 from pathlib import Path
 
 from huggingface_hub.errors import HFValidationError
@@ -44,3 +48,41 @@ def load_model_config(name: str) -> PretrainedConfig:
         return AutoConfig.from_pretrained(name)
     except (OSError, HFValidationError, ValueError) as error:
         raise ModelNotFoundError(describe_missing_model(name, error)) from None
+
+
+_HUB_CACHE_FOLDER = re.compile(r"models--(?P<org>[\w.-]+?)--(?P<name>[\w.-]+)[/\\]snapshots[/\\]")
+_LOADING_SNIPPET = re.compile(r"""(?:SentenceTransformer|from_pretrained)\(\s*['"]([\w.-]+/[\w.-]+)['"]""")
+
+
+def hub_id_of(model: str) -> str | None:
+    """The Hub id of the checkpoint ``model``, or None when none can be found.
+
+    ``model`` itself when it names no local folder and is a valid id. For a local folder: the
+    id in its Hub-cache path (``models--org--name/snapshots/...``), else the id its own model
+    card loads it by (``from_pretrained("org/name")`` / ``SentenceTransformer("org/name")``,
+    the most frequent), else its config's ``_name_or_path`` when that is a Hub id.
+    """
+    folder = Path(model)
+    if not folder.exists():
+        return model if _is_hub_id(model) else None
+    cached = _HUB_CACHE_FOLDER.search(str(folder.resolve()) + "/")
+    if cached:
+        return f"{cached['org']}/{cached['name']}"
+    card = folder / "README.md"
+    if card.is_file():
+        snippets = Counter(_LOADING_SNIPPET.findall(card.read_text(encoding="utf-8", errors="replace")))
+        if snippets:
+            return snippets.most_common(1)[0][0]
+    config = folder / "config.json"
+    if config.is_file():
+        name = json.loads(config.read_text()).get("_name_or_path")
+        if isinstance(name, str) and not Path(name).exists() and _is_hub_id(name):
+            return name
+    return None
+
+
+def source_name(source: str) -> str:
+    """How a text source is recorded in reports and cards: a local file or folder by its name only
+    (never its path), a dataset name as it is."""
+    path = Path(source)
+    return f"{path.name} (local)" if path.exists() else source

@@ -154,3 +154,18 @@ def test_text_from_files_and_saved_datasets(tmp_path):
         "first line", "second line", "from a dataset"]
     with pytest.raises(ValueError, match="no column 'text'"):
         load_texts([str(tmp_path / "ds")])
+
+
+def test_no_written_file_holds_a_local_path(tiny_roberta, tmp_path):
+    """A conversion from a local folder: the card, config.json and report name neither the input
+    nor the output folder, and the card says the base model is a local checkpoint."""
+    output = tmp_path / "converted-here"
+    convert(tiny_options(tiny_roberta, output, mechanism="rela", steps=2))
+    written = [path for path in output.rglob("*") if path.is_file() and path.suffix in (".json", ".md", ".txt")]
+    assert {"README.md", "config.json", REPORT_NAME} <= {path.name for path in written}
+    for path in written:
+        text = path.read_text()
+        for local in (str(tiny_roberta), str(output), str(tmp_path), HELDOUT_TEXT):
+            assert local not in text, f"{path.name} holds the local path {local}"
+    card = (output / "README.md").read_text()
+    assert "a local checkpoint" in card and "base_model:" not in card
