@@ -174,7 +174,7 @@ def render_glue_card(output_dir: str | Path, *, base_model: str | None, task_nam
     ]
     card_data = ModelCardData(
         base_model=_hub_id(base_model), library_name="transformers",
-        license=license or base_model_license(base_model), tags=[PLUGIN_TAG, MECHANISMS.get_mechanism(mechanism).tag, "glue"],
+        license=license or (base_model_license(base_model) if base_model else None), tags=[PLUGIN_TAG, MECHANISMS.get_mechanism(mechanism).tag, "glue"],
         datasets=[dataset_id] if dataset_id else None, pipeline_tag="text-classification",
         model_name=_model_name(model_id), eval_results=results,
     )

@@ -84,10 +84,11 @@ from transformers import (
 
 import hf_sliced_attn
 from hf_sliced_attn.arguments import add_mechanism_arguments, mechanism_options
-from hf_sliced_attn.cards import render_glue_card
+from hf_sliced_attn.cards import base_model_license, render_glue_card
 from hf_sliced_attn.distributed import cpu_process_group_kwargs
 from hf_sliced_attn.hub import hub_offline
 from hf_sliced_attn.mechanisms import parse_layers
+from hf_sliced_attn.sources import ModelNotFoundError, hub_id_of, load_model_config
 
 logger = get_logger(__name__)
 
@@ -445,9 +446,9 @@ def build_config(args, num_labels: int, label_list, is_regression: bool):
     """Load the checkpoint's config, set labels and the plugin's attention options."""
     model_path = args.model_name_or_path
     try:
-        config = AutoConfig.from_pretrained(model_path)
-    except OSError as err:
-        raise RecipeError(f"Cannot load a model config from {model_path!r}: {err}") from err
+        config = load_model_config(model_path)
+    except ModelNotFoundError as err:
+        raise RecipeError(str(err)) from None
     has_head = any(a.endswith("ForSequenceClassification") for a in (config.architectures or []))
     if has_head and config.num_labels != num_labels and not args.ignore_mismatched_sizes:
         raise RecipeError(
@@ -581,14 +582,11 @@ def write_model_card(args, results: dict, metric_config: str) -> None:
                     f"{args.attn_implementation!r} is transformers' softmax attention.")
         return
     on_hub = bool(args.task_name) and not args.train_file
-    try:
-        render_glue_card(args.output_dir, base_model=args.model_name_or_path, task_name=metric_config,
-                         metrics={k: v for k, v in results.items() if k.startswith("eval_") and "samples" not in k},
-                         mechanism=args.attn_implementation,
-                         dataset_name=GLUE_HUB_DATASET if on_hub else local_dataset_name(args.train_file),
-                         model_id=args.hub_model_id)
-    except Exception as err:  # the model and results are saved already, and the other processes wait for this one
-        logger.warning(f"No model card written: render_glue_card failed ({type(err).__name__}: {err}).")
+    render_glue_card(args.output_dir, base_model=hub_id_of(args.model_name_or_path), task_name=metric_config,
+                     metrics={k: v for k, v in results.items() if k.startswith("eval_") and "samples" not in k},
+                     mechanism=args.attn_implementation,
+                     dataset_name=GLUE_HUB_DATASET if on_hub else local_dataset_name(args.train_file),
+                     model_id=args.hub_model_id, license=base_model_license(args.model_name_or_path))
 
 
 def write_predictions(args, predictions: list, config, data: GlueData) -> None:

@@ -179,6 +179,8 @@ def test_end_to_end(task, attn, tiny, tmp_path):
     assert config["problem_type"] == ("regression" if task == "stsb" else "single_label_classification")
     assert (out / "tokenizer.json").is_file() and (out / "README.md").is_file()
     assert "---" in (out / "README.md").read_text()
+    for path in [*out.glob("*.json"), *out.glob("*.md"), *out.glob("*.jsonl")]:  # names, never local paths
+        assert str(tiny) not in path.read_text() and str(out) not in path.read_text(), path.name
     if task == "sst2":  # predictions on the unlabeled test file, with the label names
         lines = (out / "predict_results.txt").read_text().splitlines()
         assert len(lines) == 1 + 21 and {l.split("\t")[1] for l in lines[1:]} <= {"negative", "positive"}
@@ -499,3 +501,14 @@ def test_softmax_baseline_runs_without_a_plugin_card(tiny, tmp_path, caplog):
     assert json.loads((out / "config.json").read_text()).get(hf_sliced_attn.CONFIG_KEY) is None
     assert not (out / "README.md").exists()
     assert "No model card written" in caplog.text
+
+
+@pytest.mark.parametrize("model, fragment", [
+    ("/no/such/folder", "No local folder '/no/such/folder' exists, and the name cannot be a Hub model id"),
+    ("someorg/no-such-model", "cannot be downloaded because the machine is offline"),
+])
+def test_a_missing_model_is_one_line(capsys, tmp_path, monkeypatch, model, fragment):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    err = expect_error(capsys, ["--model_name_or_path", model, *DATA["sst2"], "--output_dir", tmp_path / "o"],
+                       fragment)
+    assert err.count("\n") == 1 and "Traceback" not in err
