@@ -26,7 +26,7 @@ from typing import Any
 
 from accelerate import Accelerator, DistributedDataParallelKwargs
 from accelerate.utils import set_seed
-from peft import LoraConfig, PeftModel, get_peft_model
+from peft import PeftModel
 from transformers import AutoModel, AutoTokenizer, PretrainedConfig, PreTrainedModel
 
 from .artifacts import CHECKPOINT_DIR, REFERENCE_TEXTS, REPORT_NAME, save_converted
@@ -34,13 +34,13 @@ from .cards import base_model_license, render_conversion_card
 from .distributed import cpu_process_group_kwargs
 from .embedding_models import copy_sentence_transformers_files, sentence_transformers_folder
 from .fidelity import measure_fidelity
-from .integration import lora_target_modules, modules_to_save, prepare_config
+from .integration import prepare_config
 from .mechanisms import CONFIG_KEY, MECHANISMS
 from .models import spec_for
 from .sources import hub_id_of, load_model_config, source_name
 from .taps import converted_layers
 from .text import Batches, load_texts, split_heldout, tokenize
-from .transfer import TransferSchedule, latest_checkpoint, transfer_attention
+from .transfer import TransferSchedule, latest_checkpoint, transfer_attention, with_transfer_lora
 
 
 @dataclass
@@ -146,9 +146,7 @@ def build_student(options: ConvertOptions, config: PretrainedConfig) -> tuple[Pr
     config = prepare_config(config, options.mechanism, **options.resolved_options())
     teacher = AutoModel.from_pretrained(options.model, attn_implementation="sdpa").eval().requires_grad_(False)
     student = AutoModel.from_pretrained(options.model, config=config).eval()
-    lora = LoraConfig(r=options.lora_r, lora_alpha=options.lora_alpha, lora_dropout=0.0,
-                      target_modules=lora_target_modules(student), modules_to_save=modules_to_save(student))
-    return teacher, get_peft_model(student, lora)
+    return teacher, with_transfer_lora(student, options.lora_r, options.lora_alpha)
 
 
 def _texts(options: ConvertOptions) -> tuple[list[str], list[str], str | None]:

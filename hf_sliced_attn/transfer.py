@@ -38,9 +38,12 @@ from typing import Any
 
 import torch
 from accelerate import Accelerator
+from peft import LoraConfig, PeftModel, get_peft_model
 from torch import nn
 from tqdm.auto import tqdm
+from transformers import PreTrainedModel
 
+from .integration import lora_target_modules, modules_to_save
 from .taps import converted_layers, masked_cosine_distance, masked_mse, tap_attention
 
 logger = logging.getLogger(__name__)
@@ -139,6 +142,16 @@ class DistillationObjective(nn.Module):
         return hidden_state_loss(self.teacher, self.student, batch, self.stage2_loss)
 
 
+
+
+def with_transfer_lora(student: PreTrainedModel, r: int, alpha: int) -> PeftModel:
+    """``student`` with LoRA (rank ``r``) on its attention projections and the mechanism's modules
+    trainable (peft ``modules_to_save``): what attention transfer trains. Everything else is frozen.
+    peft edits ``student`` in place, so a model that holds it (a task model around its encoder)
+    gets the trained weights after ``merge_and_unload()``."""
+    lora = LoraConfig(r=r, lora_alpha=alpha, lora_dropout=0.0, target_modules=lora_target_modules(student),
+                      modules_to_save=modules_to_save(student))
+    return get_peft_model(student, lora)
 
 
 @contextmanager
