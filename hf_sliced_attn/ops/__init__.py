@@ -8,7 +8,16 @@ from .banded import windowed_sliced_relu, windowed_sliced_relu_bump, windowed_so
 from .norm import gated_rms_norm
 from .rela import rela
 from .sliced_relu import sliced_relu
+from .sliced_relu_bump import sliced_relu_bump
 from .value_mean import value_mean
 
-__all__ = ["gated_rms_norm", "rela", "sliced_relu", "value_mean", "windowed_sliced_relu", "windowed_sliced_relu_bump",
-           "windowed_softmax"]
+__all__ = [
+    "gated_rms_norm",
+    "rela",
+    "sliced_relu",
+    "sliced_relu_bump",
+    "value_mean",
+    "windowed_sliced_relu",
+    "windowed_sliced_relu_bump",
+    "windowed_softmax",
+]

@@ -20,7 +20,6 @@ import torch
 
 from ._common import pair_mask
 
-
 PairKernel = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 
