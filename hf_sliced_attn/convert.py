@@ -18,11 +18,11 @@ import dataclasses
 import hashlib
 import json
 import shutil
-import time
+import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from accelerate import Accelerator, DistributedDataParallelKwargs
 from accelerate.utils import set_seed
@@ -38,6 +38,9 @@ from .integration import prepare_config
 from .mechanisms import CONFIG_KEY, MECHANISMS
 from .models import spec_for
 from .sources import hub_id_of, load_model_config, source_name
+
+if TYPE_CHECKING:
+    from sentence_transformers import SentenceTransformer
 from .taps import converted_layers
 from .text import Batches, load_texts, split_heldout, tokenize
 from .transfer import TransferSchedule, latest_checkpoint, transfer_attention, with_transfer_lora
@@ -244,3 +247,17 @@ def _report(options: ConvertOptions, mechanism_options: dict[str, Any], layers: 
                      "stage2_lr": options.stage2_lr, "lora_r": options.lora_r, "batch_size": options.batch_size,
                      "max_length": options.max_length, "seed": options.seed, "num_processes": num_processes},
     }
+
+
+def convert_sentence_transformer(model: SentenceTransformer, mechanism: str, output_dir: str, text: list[str],
+                                 **options: Any) -> ConversionResult:
+    """Convert a loaded :class:`sentence_transformers.SentenceTransformer` like ``hf-sliced-attn
+    convert``: ``options`` are the other fields of :class:`~hf_sliced_attn.convert.ConvertOptions`.
+    The card names the model's Hub id when the object knows it (``model_card_data.base_model``),
+    or ``base_model_id``. Load the result with ``SentenceTransformer(output_dir)``."""
+    with tempfile.TemporaryDirectory(prefix="hf-sliced-attn-") as folder:
+        model.save(folder)
+        known = getattr(getattr(model, "model_card_data", None), "base_model", None)
+        base = options.pop("base_model_id", None) or (hub_id_of(known) if isinstance(known, str) else None)
+        return convert(ConvertOptions(model=folder, mechanism=mechanism, output_dir=output_dir, text=text,
+                                      base_model_id=base, **options))

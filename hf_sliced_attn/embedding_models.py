@@ -6,8 +6,7 @@ Normalize), a folder per module (``1_Pooling/``), ``sentence_bert_config.json`` 
 ``max_seq_length``) and ``config_sentence_transformers.json`` (prompts, similarity function).
 A converted copy keeps them, so that ``SentenceTransformer(folder)`` (after ``import
 hf_sliced_attn``) loads the new attention and gives the pooled, normalised embeddings.
-sentence-transformers itself is optional: nothing here imports it except
-:func:`convert_sentence_transformer`.
+sentence-transformers itself is optional: nothing here imports it.
 """
 
 from __future__ import annotations
@@ -15,18 +14,9 @@ from __future__ import annotations
 import json
 import logging
 import shutil
-import tempfile
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
 
 from huggingface_hub import snapshot_download
-
-from .sources import hub_id_of
-
-if TYPE_CHECKING:
-    from sentence_transformers import SentenceTransformer
-
-    from .convert import ConversionResult
 
 logger = logging.getLogger(__name__)
 
@@ -67,19 +57,3 @@ def copy_sentence_transformers_files(source: Path, output: Path) -> list[str]:
             shutil.copytree(source / path, output / path, dirs_exist_ok=True)
             copied.append(f"{path}/")
     return copied
-
-
-def convert_sentence_transformer(model: SentenceTransformer, mechanism: str, output_dir: str, text: list[str],
-                                 **options: Any) -> ConversionResult:
-    """Convert a loaded :class:`sentence_transformers.SentenceTransformer` like ``hf-sliced-attn
-    convert``: ``options`` are the other fields of :class:`~hf_sliced_attn.convert.ConvertOptions`.
-    The card names the model's Hub id when the object knows it (``model_card_data.base_model``),
-    or ``base_model_id``. Load the result with ``SentenceTransformer(output_dir)``."""
-    from .convert import ConvertOptions, convert
-
-    with tempfile.TemporaryDirectory(prefix="hf-sliced-attn-") as folder:
-        model.save(folder)
-        known = getattr(getattr(model, "model_card_data", None), "base_model", None)
-        base = options.pop("base_model_id", None) or (hub_id_of(known) if isinstance(known, str) else None)
-        return convert(ConvertOptions(model=folder, mechanism=mechanism, output_dir=output_dir, text=text,
-                                      base_model_id=base, **options))

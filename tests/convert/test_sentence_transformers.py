@@ -7,8 +7,7 @@ import torch
 import yaml
 from transformers import AutoModel, AutoTokenizer
 
-from hf_sliced_attn.convert import convert
-from hf_sliced_attn.embedding_models import convert_sentence_transformer
+from hf_sliced_attn.convert import convert, convert_sentence_transformer
 
 from .conftest import tiny_options
 
