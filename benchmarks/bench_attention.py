@@ -1,4 +1,4 @@
-"""CPU benchmark of sliced ReLU attention and ReLA against softmax attention.
+"""CPU benchmark of sliced ReLU attention (both kernels) and ReLA against softmax attention.
 
 Run ``python benchmarks/bench_attention.py`` (full: about 20-25 min on 2 otherwise idle
 cores, much longer when other jobs share them) or ``--quick`` (a small subset, about a minute). Every contender of a group is measured in the same run, on the same
@@ -10,8 +10,10 @@ Groups (all contenders map q, k, v (1, 12, T, 64) to (1, 12, T, 64)):
    ``sdpa`` (``F.scaled_dot_product_attention``), ``eager`` (transformers' eager softmax:
    softmax(Q K^T / sqrt(D)) V as matmul / softmax / matmul) and ``authors`` (a port of the
    algorithm of github.com/SiwanB/Sliced_ReLU_Attention, see :func:`authors_sliced_relu`),
-   T = 256 ... 65536. Both sliced contenders project q and k on one fixed direction per
-   head, s = <w_h, q_i>, t = <w_h, k_j>, inside the timed region.
+   T = 256 ... 65536, and ``sliced_relu_bump`` (this package's bump-kernel op,
+   O(T log T) with a hand-written backward; fixed bandwidth b = ln 2 per head, the
+   authors' initial softplus(0)). The sliced contenders project q and k on one fixed
+   direction per head, s = <w_h, q_i>, t = <w_h, k_j>, inside the timed region.
 2. ``rela`` (this package's blocked op, ReLU(Q K^T / sqrt(D)) V) against ``sdpa`` and
    ``eager``, T = 128 ... 16384 (their softmax points are shared with group 1).
 3. A RoBERTa encoder (hidden 768, 12 heads, 2 layers, FFN 3072, dropout 0) built with
@@ -74,8 +76,12 @@ import torch.nn.functional as F  # noqa: E402
 from transformers import AutoModel, RobertaConfig  # noqa: E402
 
 import hf_sliced_attn  # noqa: E402
-from hf_sliced_attn.ops import rela, sliced_relu  # noqa: E402
-from hf_sliced_attn.ops.naive import rela_reference, sliced_relu_reference  # noqa: E402
+from hf_sliced_attn.ops import rela, sliced_relu, sliced_relu_bump  # noqa: E402
+from hf_sliced_attn.ops.naive import (  # noqa: E402
+    rela_reference,
+    sliced_relu_bump_reference,
+    sliced_relu_reference,
+)
 
 HEADS, HEAD_DIM = 12, 64
 TIME_LIMIT_S = 90.0
@@ -139,6 +145,14 @@ def _qkv(length: int) -> list[torch.Tensor]:
 _DIRECTIONS = torch.nn.functional.normalize(torch.randn(HEADS, HEAD_DIM, generator=torch.Generator().manual_seed(0)), dim=-1)
 
 
+_BANDWIDTH = torch.full((HEADS,), math.log(2.0))
+
+
+def bump(query_scalars: torch.Tensor, key_scalars: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
+    """This package's sliced_relu_bump at the fixed bandwidth ``_BANDWIDTH`` (H,)."""
+    return sliced_relu_bump(query_scalars, key_scalars, value, _BANDWIDTH.to(value.dtype))
+
+
 def _sliced_builder(op: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]) -> Builder:
     def build(length: int) -> tuple[Forward, list[torch.Tensor]]:
         q, k, v = _qkv(length)
@@ -199,6 +213,7 @@ SLICED_GROUP = [
     Contender("authors", _sliced_builder(authors_sliced_relu), 1.1, 1.0),
     Contender("sdpa", _qkv_builder(F.scaled_dot_product_attention), 2.0, 1.0),
     Contender("eager", _qkv_builder(eager_softmax), 2.0, 2.0),
+    Contender("sliced_relu_bump", _sliced_builder(bump), 1.1, 1.0),
 ]
 RELA_GROUP = [
     Contender("rela", _qkv_builder(rela), 2.0, 1.0),
@@ -453,6 +468,10 @@ def bars(bench: Bench) -> list[Bar]:
             _ratio(g("sliced_relu", fb, 65536), g("sliced_relu", fb, 16384)), 4.6, False),
         Bar("sliced_relu fwd+bwd peak memory linear in T: peak(65536) / peak(16384) (linear = 4)",
             _ratio(g("sliced_relu", fb, 65536), g("sliced_relu", fb, 16384), "peak_bytes"), 4.6, False),
+        Bar("sliced_relu_bump fwd+bwd T=16384: sdpa time / sliced_relu_bump time",
+            _ratio(g("sdpa", fb, 16384), g("sliced_relu_bump", fb, 16384)), 20, True),
+        Bar("sliced_relu_bump fwd+bwd peak memory linear in T: peak(65536) / peak(16384) (linear = 4)",
+            _ratio(g("sliced_relu_bump", fb, 65536), g("sliced_relu_bump", fb, 16384), "peak_bytes"), 4.6, False),
         Bar("rela fwd+bwd T=512: speed relative to eager (eager time / rela time)",
             _ratio(g("eager", fb, 512), g("rela", fb, 512)), 0.9, True),
         Bar("rela fwd+bwd T=8192: peak memory rela / eager",
@@ -496,6 +515,8 @@ def sanity_check() -> None:
     expected = sliced_relu_reference(s, t, v)
     torch.testing.assert_close(authors_sliced_relu(s, t, v), expected, rtol=1e-6, atol=1e-8)
     torch.testing.assert_close(sliced_relu(s.float(), t.float(), v.float()), expected.float(), rtol=1e-3, atol=1e-4)
+    expected = sliced_relu_bump_reference(s, t, v, _BANDWIDTH)
+    torch.testing.assert_close(bump(s.float(), t.float(), v.float()), expected.float(), rtol=1e-3, atol=1e-4)
     torch.testing.assert_close(rela(q.float(), k.float(), v.float()), rela_reference(q, k, v).float(), rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(eager_softmax(q, k, v), F.scaled_dot_product_attention(q, k, v))
 
@@ -523,12 +544,14 @@ def main(argv: list[str] | None = None) -> int:
     load_start = os.getloadavg()[0]
     print(environment, f"load average {load_start:.1f}", flush=True)
     sanity_check()
-    print("sanity check: authors' port == float64 reference == sliced_relu op; rela op == reference; eager == sdpa")
+    print("sanity check: authors' port == float64 reference == sliced_relu op; sliced_relu_bump op == reference; "
+          "rela op == reference; eager == sdpa")
 
     bench = Bench(max_reps)
     started = time.perf_counter()
     groups = [
-        ("sliced_relu", "sliced_relu vs softmax attention and the authors' algorithm", SLICED_GROUP, sliced_lengths),
+        ("sliced_relu", "sliced_relu and sliced_relu_bump vs softmax attention and the authors' algorithm",
+         SLICED_GROUP, sliced_lengths),
         ("rela", "ReLA vs softmax attention", RELA_GROUP, rela_lengths),
         ("encoder", "RoBERTa encoder, 2 layers, hidden 768, 12 heads", ENCODER_GROUP, encoder_lengths),
     ]
@@ -550,6 +573,7 @@ def main(argv: list[str] | None = None) -> int:
         "",
         bars_table(bars(bench)),
         f"sliced_relu fwd+bwd peak-memory log-log slope: {memory_slope(bench, 'sliced_relu', sliced_lengths)}; "
+        f"sliced_relu_bump: {memory_slope(bench, 'sliced_relu_bump', sliced_lengths)}; "
         f"rela: {memory_slope(bench, 'rela', rela_lengths)}.",
         "",
     ]
