@@ -199,7 +199,7 @@ def test_options_are_saved_and_select_layers(vanilla_dir, tmp_path):
     model.save_pretrained(tmp_path)
     reloaded = AutoModel.from_pretrained(tmp_path)
     assert reloaded.config.hf_sliced_attn == {"mechanism": "sliced_relu", "num_slices": 3, "layers": [0, 2],
-                                              "projection": "linear", "affine_output": False}
+                                              "kernel": "relu", "projection": "linear", "affine_output": False}
     assert [getattr(m, LAYER_MODE_ATTR) for m in attention_modules(reloaded)] == modes
 
 
@@ -258,7 +258,7 @@ def test_mlp_projection_and_affine_output_are_built_initialised_and_saved(vanill
     model.save_pretrained(tmp_path)
     reloaded, info = AutoModel.from_pretrained(tmp_path, output_loading_info=True)
     assert not info["missing_keys"] and not info["unexpected_keys"] and not info["mismatched_keys"]
-    assert reloaded.config.hf_sliced_attn == {"mechanism": "sliced_relu", "layers": "global",
+    assert reloaded.config.hf_sliced_attn == {"mechanism": "sliced_relu", "layers": "global", "kernel": "relu",
                                               **CONVERSION_OPTIONS}
     ids, mask = tokens(2, 11), torch.ones(2, 11, dtype=torch.long)
     mask[1, 6:] = 0

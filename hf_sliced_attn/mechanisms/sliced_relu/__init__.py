@@ -3,12 +3,12 @@
 from ..base import Mechanism, Paper
 from .attention import attend, build_modules
 from .config import SlicedReluConfig
-from .modules import SlicedMLPProjection, SlicedOutputAffine, SlicedProjection
+from .modules import SlicedBandwidth, SlicedMLPProjection, SlicedOutputAffine, SlicedProjection
 
 SLICED_RELU = Mechanism(
     name="sliced_relu",
     config_class=SlicedReluConfig,
-    module_names=("sliced_projection", "sliced_output"),
+    module_names=("sliced_projection", "sliced_bandwidth", "sliced_output"),
     build_modules=build_modules,
     attend=attend,
     title="Sliced ReLU attention",
@@ -17,7 +17,9 @@ SLICED_RELU = Mechanism(
     description=(
         "Each head projects its queries and keys to M scalars (`sliced_projection`: learned directions w, "
         "s_i = ⟨w, q_i⟩ and t_j = ⟨w, k_j⟩, or the authors' MLP over all heads), and attends with the kernel "
-        "ReLU(s_i − t_j) / Σ_l |s_i − t_l| to the centred values; the M kernels are averaged. With "
+        "ReLU(s_i − t_j) / Σ_l |s_i − t_l| to the centred values, or with the authors' bump kernel "
+        "max(0, 1 − |s_i − t_j| / b) / n, b a learned bandwidth per head (`sliced_bandwidth`); the M kernels "
+        "are averaged. With "
         "`affine_output`, a learned per-head gain and share of the mean value follow (`sliced_output`). "
         "Sorting the scalars makes it exact in O(n log n) time and O(n) memory: no n × n attention "
         "matrix is formed."
@@ -28,4 +30,4 @@ SLICED_RELU = Mechanism(
     conversion_defaults={"projection": "mlp", "affine_output": True},
 )
 
-__all__ = ["SLICED_RELU", "SlicedMLPProjection", "SlicedOutputAffine", "SlicedProjection", "SlicedReluConfig"]
+__all__ = ["SLICED_RELU", "SlicedBandwidth", "SlicedMLPProjection", "SlicedOutputAffine", "SlicedProjection", "SlicedReluConfig"]

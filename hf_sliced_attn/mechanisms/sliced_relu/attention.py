@@ -5,15 +5,18 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ...ops import sliced_relu, value_mean, windowed_sliced_relu
+from ...ops import sliced_relu, sliced_relu_bump, value_mean, windowed_sliced_relu, windowed_sliced_relu_bump
 from .config import SlicedReluConfig
-from .modules import SlicedMLPProjection, SlicedOutputAffine, SlicedProjection
+from .modules import SlicedBandwidth, SlicedMLPProjection, SlicedOutputAffine, SlicedProjection
 
 
 def build_modules(options: SlicedReluConfig, num_heads: int, head_dim: int) -> dict[str, nn.Module]:
-    """``sliced_projection`` (linear or MLP) and, with ``affine_output``, ``sliced_output``."""
+    """``sliced_projection`` (linear or MLP), ``sliced_bandwidth`` for the bump kernel and, with
+    ``affine_output``, ``sliced_output``."""
     projection = SlicedMLPProjection if options.projection == "mlp" else SlicedProjection
     modules: dict[str, nn.Module] = {"sliced_projection": projection(num_heads, head_dim, options.num_slices)}
+    if options.kernel == "bump":
+        modules["sliced_bandwidth"] = SlicedBandwidth(num_heads, options.num_slices)
     if options.affine_output:
         modules["sliced_output"] = SlicedOutputAffine(num_heads)
     return modules
@@ -22,10 +25,19 @@ def build_modules(options: SlicedReluConfig, num_heads: int, head_dim: int) -> d
 def attend(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
            key_padding_mask: torch.Tensor | None, scaling: float | None,
            sliding_window: int | None) -> torch.Tensor:
-    """Sliced ReLU attention with ``module.sliced_projection``, then ``module.sliced_output`` if the
-    layer has one: (B, H, T, D) -> (B, T, H, D). ``scaling`` is unused (the kernel is scale-free)."""
+    """Sliced ReLU attention with ``module.sliced_projection`` (the bump kernel when the layer has a
+    ``sliced_bandwidth``), then ``module.sliced_output`` if the layer has one: (B, H, T, D) ->
+    (B, T, H, D). ``scaling`` is unused (the kernels act on the projected scalars only)."""
     query_scalars, key_scalars = module.sliced_projection(query, key)
-    if sliding_window is None:
+    bandwidth = getattr(module, "sliced_bandwidth", None)
+    if bandwidth is not None:
+        b = bandwidth().to(query_scalars.dtype)
+        if sliding_window is None:
+            out = sliced_relu_bump(query_scalars, key_scalars, value, b, key_padding_mask)
+        else:
+            out = windowed_sliced_relu_bump(query_scalars, key_scalars, value, b, key_padding_mask,
+                                            sliding_window=sliding_window)
+    elif sliding_window is None:
         out = sliced_relu(query_scalars, key_scalars, value, key_padding_mask)
     else:
         out = windowed_sliced_relu(query_scalars, key_scalars, value, key_padding_mask, sliding_window=sliding_window)

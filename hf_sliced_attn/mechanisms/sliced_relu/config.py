@@ -14,12 +14,25 @@ class SlicedReluConfig(MechanismConfig):
 
     Each head projects its queries and keys to scalars, s_i = <w, q_i> and t_j = <w, k_j>
     (or with the authors' MLP), and attends with the kernel ReLU(s_i - t_j) / sum_l |s_i - t_l|
-    to the centred values; sorting makes it exact in O(n log n). ``affine_output`` adds a
-    learned gain and mean value per head.
+    to the centred values (``kernel="relu"``), or with the authors' bump kernel
+    max(0, 1 - |s_i - t_j| / b_h) / n (``kernel="bump"``); sorting makes both exact in
+    O(n log n). ``affine_output`` adds a learned gain and mean value per head.
     """
 
     mechanism: ClassVar[str] = "sliced_relu"
 
+    kernel: str = field(
+        default="relu",
+        metadata={
+            "help": (
+                "The kernel on the projected scalars. 'relu': ReLU(s_i - t_j) / sum_l |s_i - t_l| on the centred "
+                "values (the paper's formula). 'bump': the second kernel of the authors' code, "
+                "max(0, 1 - |s_i - t_j| / b) / n on the values, local in the projected space, with a learned "
+                "bandwidth b = softplus(theta) + 1e-4 per head and slice (theta from 0)."
+            ),
+            "choices": ("relu", "bump"),
+        },
+    )
     num_slices: int = field(
         default=1,
         metadata={"help": "M, the number of projection directions per head; their M kernels are averaged."},
@@ -58,7 +71,7 @@ class SlicedReluConfig(MechanismConfig):
             raise ValueError(f"affine_output={self.affine_output!r} is not valid: it must be True or False.")
 
     def describe(self) -> list[str]:
-        phrases = [f"{self.num_slices} slice(s) per head", f"{self.projection} projection"]
+        phrases = [f"{self.kernel} kernel", f"{self.num_slices} slice(s) per head", f"{self.projection} projection"]
         if self.affine_output:
             phrases.append("learned output gain and mean value")
         return phrases

@@ -1,8 +1,10 @@
 """The modules sliced ReLU attention adds to a converted attention layer.
 
 ``sliced_projection`` turns queries and keys into scalars (:class:`SlicedProjection`, the
-paper's, or :class:`SlicedMLPProjection`, the authors' code's); ``sliced_output``
-(:class:`SlicedOutputAffine`, with ``affine_output=True``) puts back a gain and the mean value.
+paper's, or :class:`SlicedMLPProjection`, the authors' code's); ``sliced_bandwidth``
+(:class:`SlicedBandwidth`, with ``kernel="bump"``) holds the bump kernel's bandwidths;
+``sliced_output`` (:class:`SlicedOutputAffine`, with ``affine_output=True``) puts back a gain
+and the mean value.
 """
 
 from __future__ import annotations
@@ -78,6 +80,30 @@ class SlicedMLPProjection(PluginModule):
 
     def extra_repr(self) -> str:
         return f"num_heads={self.num_heads}, head_dim={self.head_dim}, num_slices={self.num_slices}"
+
+
+class SlicedBandwidth(PluginModule):
+    """The bump kernel's learned bandwidths: b_hm = softplus(theta_hm) + 1e-4, one per head and slice.
+
+    ``theta`` is (H, M) and starts at 0 (b = log 2 + 1e-4 ≈ 0.69), as in the authors' code;
+    the softplus keeps b positive whatever the optimizer does. ``forward()`` returns b (H, M).
+    """
+
+    MIN_BANDWIDTH = 1e-4
+
+    def __init__(self, num_heads: int, num_slices: int = 1) -> None:
+        super().__init__()
+        self.num_heads, self.num_slices = num_heads, num_slices
+        self.theta = nn.Parameter(torch.empty(num_heads, num_slices))
+
+    def init_weights(self, initializer_range: float) -> None:
+        init.zeros_(self.theta)
+
+    def forward(self) -> torch.Tensor:
+        return nn.functional.softplus(self.theta) + self.MIN_BANDWIDTH
+
+    def extra_repr(self) -> str:
+        return f"num_heads={self.num_heads}, num_slices={self.num_slices}"
 
 
 class SlicedOutputAffine(PluginModule):
