@@ -8,6 +8,7 @@ import yaml
 from transformers import AutoModel, AutoTokenizer
 
 from hf_sliced_attn.convert import convert, convert_sentence_transformer
+from hf_sliced_attn.hub import upload_plan
 
 from .conftest import tiny_options
 
@@ -61,6 +62,7 @@ def test_converted_folder_loads_with_sentence_transformers(tiny_sentence_transfo
     assert {"modules.json", "sentence_bert_config.json", "config_sentence_transformers.json"} <= {
         p.name for p in output.iterdir()}
     _assert_drop_in(output, mechanism)
+    assert {"modules.json", "1_Pooling/config.json", "sentence_bert_config.json"} <= set(upload_plan(output))
     header = _card_header(output)
     assert header["library_name"] == "sentence-transformers" and header["pipeline_tag"] == "sentence-similarity"
     assert 'SentenceTransformer("out")' in (output / "README.md").read_text()
