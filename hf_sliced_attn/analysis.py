@@ -45,7 +45,7 @@ from torch import nn
 
 from .attention import observe_attention
 from .integration import mechanism_config_of
-from .mechanisms import CONFIG_KEY
+from .mechanisms import CONFIG_KEY, RELA
 from .ops._common import band_mask, key_range
 
 __all__ = ["RelaAnalysis", "analyze_rela", "check_rela_config"]
@@ -181,7 +181,7 @@ def check_rela_config(config: Any) -> None:
     """Raise a ValueError unless ``config`` (a transformers config) was converted to ReLA."""
     options = mechanism_config_of(config)
     mechanism = None if options is None else options.mechanism
-    if mechanism != "rela":
+    if mechanism != RELA.name:
         raise ValueError(
             f"The ReLA analysis needs a ReLA model (config.{CONFIG_KEY}['mechanism'] == 'rela'), but this "
             f"model's mechanism is {mechanism!r}. Convert it first: `import hf_sliced_attn` and "
@@ -280,7 +280,7 @@ def analyze_rela(
     def observer(*, module: nn.Module, mechanism: str, query: torch.Tensor, key: torch.Tensor,
                  key_padding_mask: torch.Tensor | None, scaling: float | None, sliding_window: int | None,
                  **_: Any) -> None:
-        if mechanism != "rela":
+        if mechanism != RELA.name:
             return
         entry = counts.setdefault(module.layer_idx, _LayerCounts(query.shape[1], sliding_window))
         _observe_layer(entry, query, key, key_padding_mask, scaling, sliding_window, block_size)

@@ -49,17 +49,21 @@ def _model_ref(name: str | None) -> str:
     return f"[{name}](https://huggingface.co/{name})" if _hub_id(name) else LOCAL_BASE_MODEL
 
 
+def _registered_names() -> str:
+    return " and ".join(f'"{name}"' for name in MECHANISMS)
+
+
 def _loading_code(model_id: str, *, model_class: str, mechanism: str, adapter_base: str | None = None) -> str:
     """The exact Python that loads the folder or repository ``model_id``."""
     if adapter_base is None:
         return (
-            f'import hf_sliced_attn  # registers "sliced_relu" and "rela" with transformers\n'
+            f"import hf_sliced_attn  # registers {_registered_names()} with transformers\n"
             f"from transformers import AutoTokenizer, {model_class}\n\n"
             f'tokenizer = AutoTokenizer.from_pretrained("{model_id}")\n'
             f'model = {model_class}.from_pretrained("{model_id}")  # runs {mechanism} attention, from config.json'
         )
     return (
-        f'import hf_sliced_attn  # registers "sliced_relu" and "rela" with transformers\n'
+        f"import hf_sliced_attn  # registers {_registered_names()} with transformers\n"
         f"from peft import PeftModel\n"
         f"from transformers import AutoConfig, AutoTokenizer, {model_class}\n\n"
         f'config = AutoConfig.from_pretrained("{model_id}")  # the base config with the {mechanism} options\n'
@@ -72,7 +76,7 @@ def _loading_code(model_id: str, *, model_class: str, mechanism: str, adapter_ba
 def _sentence_transformers_code(model_id: str) -> str:
     """The Python that loads ``model_id`` with sentence-transformers."""
     return (
-        f'import hf_sliced_attn  # registers "sliced_relu" and "rela" with transformers\n'
+        f"import hf_sliced_attn  # registers {_registered_names()} with transformers\n"
         f"from sentence_transformers import SentenceTransformer\n\n"
         f'model = SentenceTransformer("{model_id}")\n'
         f'embeddings = model.encode(["The weather is lovely today.", "It is sunny outside."])\n'

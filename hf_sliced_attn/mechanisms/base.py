@@ -130,8 +130,10 @@ attention layer, holding the mechanism's modules under their names."""
 class Mechanism:
     """One attention mechanism, everything the package needs to know about it.
 
+    Its name, the ``attn_implementation`` users pass to ``from_pretrained``, is its config's
+    ``mechanism`` (defined there once).
+
     Attributes:
-        name: the ``attn_implementation`` name users pass to ``from_pretrained``.
         config_class: its options (saved in config.json under ``hf_sliced_attn``).
         module_names: the attributes under which ``build_modules`` may put modules on an attention layer.
         build_modules: (options, num_heads, head_dim) -> {attribute name: new module}, uninitialised.
@@ -144,7 +146,6 @@ class Mechanism:
             measured best for converting a softmax checkpoint; the config's defaults stay the paper's).
     """
 
-    name: str
     config_class: type[MechanismConfig]
     module_names: tuple[str, ...]
     build_modules: Callable[[Any, int, int], dict[str, PluginModule]]
@@ -155,10 +156,9 @@ class Mechanism:
     description: str
     conversion_defaults: Mapping[str, Any] = field(default_factory=dict)
 
-    def __post_init__(self) -> None:
-        if self.config_class.mechanism != self.name:
-            raise ValueError(f"{self.config_class.__name__}.mechanism is {self.config_class.mechanism!r}, "
-                             f"not {self.name!r}.")
+    @property
+    def name(self) -> str:
+        return self.config_class.mechanism
 
     def make_config(self, **options: Any) -> MechanismConfig:
         """The options of this mechanism, raising a ValueError that lists the valid ones."""

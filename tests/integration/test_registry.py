@@ -52,7 +52,7 @@ def _build(options: MeanConfig, num_heads: int, head_dim: int) -> dict[str, nn.M
 
 
 MEAN_VALUE = Mechanism(
-    name="mean_value", config_class=MeanConfig, module_names=("mean_gain",), build_modules=_build, attend=_attend,
+    config_class=MeanConfig, module_names=("mean_gain",), build_modules=_build, attend=_attend,
     title="Mean-value attention", tag="mean-value", paper=Paper(arxiv_id="0000.00000", authors="Nobody"),
     description="Every token takes the mean value.",
 )

@@ -6,7 +6,6 @@ from .config import RelaConfig
 from .modules import GatedRMSNorm
 
 RELA = Mechanism(
-    name="rela",
     config_class=RelaConfig,
     module_names=("rela_norm",),
     build_modules=build_modules,

@@ -6,7 +6,6 @@ from .config import SlicedReluConfig
 from .modules import SlicedBandwidth, SlicedMLPProjection, SlicedOutputAffine, SlicedProjection
 
 SLICED_RELU = Mechanism(
-    name="sliced_relu",
     config_class=SlicedReluConfig,
     module_names=("sliced_projection", "sliced_bandwidth", "sliced_output"),
     build_modules=build_modules,
