@@ -481,7 +481,7 @@ def test_a_mechanism_registered_at_run_time_is_offered(tiny, tmp_path):
     with pytest.raises(SystemExit):
         glue.parse_args(argv)
     echo = hf_sliced_attn.Mechanism(
-        name="echo", config_class=EchoConfig, module_names=(), build_modules=lambda *_: {}, attend=None,
+        config_class=EchoConfig, module_names=(), build_modules=lambda *_: {}, attend=None,
         title="Echo", tag="echo", paper=Paper(arxiv_id="0000.00000", authors="Nobody"), description="A test.")
     hf_sliced_attn.register_mechanism(echo)
     try:
