@@ -20,6 +20,8 @@ default 0,1,2) as a subprocess ``python recipes/glue.py ...``:
                        (attention transfer before fine-tuning)
 ``rela_direct``        ``--attn_implementation rela --attention_transfer_steps 0``
 ``rela``               ``--attn_implementation rela``, default flow
+``sliced_relu_bump``   ``--attn_implementation sliced_relu --kernel bump``, default flow (the
+                       authors' bump kernel)
 =====================  ============================================================================
 
 Recipe hyperparameters (same for every flow): ``--num_train_epochs 3 --learning_rate 1e-4
@@ -85,6 +87,7 @@ FLOWS = {
     "sliced_relu": ["--attn_implementation", "sliced_relu"],
     "rela_direct": ["--attn_implementation", "rela", "--attention_transfer_steps", "0"],
     "rela": ["--attn_implementation", "rela"],
+    "sliced_relu_bump": ["--attn_implementation", "sliced_relu", "--kernel", "bump"],
 }
 FIDELITY_MECHANISMS = ("sliced_relu", "rela")
 FIDELITY_METRICS = ("embedding_cosine", "pairwise_spearman", "hidden_state_cosine")
