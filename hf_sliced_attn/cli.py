@@ -14,18 +14,26 @@ import argparse
 import logging
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 from accelerate import PartialState
 
 from .analysis_cli import add_analyze_parser
 from .arguments import add_mechanism_arguments, mechanism_options
-from .convert import ConvertOptions, convert
+from .convert import TRANSFER_DEFAULTS, ConvertOptions, convert
 from .hub import PushError, push
 from .mechanisms import MECHANISMS
 from .transfer import STAGE2_LOSSES
 
 EXIT_ERROR = 1
 EXIT_INTERRUPTED = 130
+
+
+def _default_text(name: str, default: Any) -> str:
+    """A convert flag's default as --help shows it: the value, or each mechanism's measured best."""
+    if default is not None:
+        return str(default)
+    return ", ".join(f"{m.name}: {m.transfer_defaults.get(name, TRANSFER_DEFAULTS[name])}" for m in MECHANISMS.values())
 
 
 def add_convert_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -59,6 +67,8 @@ def add_convert_parser(subparsers: argparse._SubParsersAction) -> argparse.Argum
         ("warmup_steps", int, "warmup steps of each stage"),
         ("lora_r", int, "LoRA rank"),
         ("lora_alpha", int, "LoRA alpha"),
+        ("keep_softmax_layers", int, "after a probe transfer, keep softmax on this many of the layers that "
+                                     "transfer worst (0: convert every selected layer)"),
         ("batch_size", int, "passages per step and process"),
         ("max_length", int, "tokens per passage"),
         ("checkpoint_every", int, "save a resumable checkpoint every N steps"),
@@ -67,9 +77,9 @@ def add_convert_parser(subparsers: argparse._SubParsersAction) -> argparse.Argum
     ]:
         default = d[name].default
         parser.add_argument(f"--{name.replace('_', '-')}", type=kind, default=default,
-                            help=f"{help_} (default: {default})")
-    parser.add_argument("--stage2-loss", choices=STAGE2_LOSSES, default=d["stage2_loss"].default,
-                        help="stage 2 loss (default: mse)")
+                            help=f"{help_} (default: {_default_text(name, default)})")
+    parser.add_argument("--stage2-loss", choices=STAGE2_LOSSES, default=None,
+                        help=f"stage 2 loss (default: {_default_text('stage2_loss', None)})")
     parser.set_defaults(func=run_convert)
     return parser
 
@@ -77,10 +87,11 @@ def add_convert_parser(subparsers: argparse._SubParsersAction) -> argparse.Argum
 def run_convert(args: argparse.Namespace) -> int:
     options = ConvertOptions(
         model=args.model, mechanism=args.attn, output_dir=args.output, text=args.text, heldout_text=args.heldout_text,
-        mechanism_options=mechanism_options(args, args.attn, dashes=True), text_column=args.text_column, text_split=args.text_split,
-        heldout_fraction=args.heldout_fraction, steps=args.steps, stage2_steps=args.stage2_steps,
-        stage2_loss=args.stage2_loss, lr=args.lr, stage2_lr=args.stage2_lr, warmup_steps=args.warmup_steps,
-        lora_r=args.lora_r, lora_alpha=args.lora_alpha, batch_size=args.batch_size, max_length=args.max_length,
+        mechanism_options=mechanism_options(args, args.attn, dashes=True), text_column=args.text_column,
+        text_split=args.text_split, heldout_fraction=args.heldout_fraction, steps=args.steps,
+        stage2_steps=args.stage2_steps, stage2_loss=args.stage2_loss, lr=args.lr, stage2_lr=args.stage2_lr,
+        warmup_steps=args.warmup_steps, lora_r=args.lora_r, lora_alpha=args.lora_alpha,
+        keep_softmax_layers=args.keep_softmax_layers, batch_size=args.batch_size, max_length=args.max_length,
         checkpoint_every=args.checkpoint_every, seed=args.seed, adapter_only=args.adapter_only,
         overwrite=args.overwrite, resume=args.resume, base_model_id=args.base_model_id,
     )

@@ -14,11 +14,13 @@ uninterrupted one. Ctrl-C saves a checkpoint before leaving.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import hashlib
 import json
 import shutil
 import tempfile
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 from accelerate import Accelerator, DistributedDataParallelKwargs
 from accelerate.utils import set_seed
 from peft import PeftModel
-from transformers import AutoModel, AutoTokenizer, PretrainedConfig, PreTrainedModel
+from transformers import AutoModel, AutoTokenizer, PretrainedConfig, PreTrainedModel, PreTrainedTokenizerBase
 
 from .artifacts import CHECKPOINT_DIR, REFERENCE_TEXTS, REPORT_NAME, save_converted
 from .cards import base_model_license, render_conversion_card
@@ -38,12 +40,20 @@ from .integration import prepare_config
 from .mechanisms import CONFIG_KEY, MECHANISMS
 from .models import spec_for
 from .sources import hub_id_of, load_model_config, source_name
-
-if TYPE_CHECKING:
-    from sentence_transformers import SentenceTransformer
 from .taps import converted_layers
 from .text import Batches, load_texts, split_heldout, tokenize
 from .transfer import TransferSchedule, latest_checkpoint, transfer_attention, with_transfer_lora
+
+if TYPE_CHECKING:
+    from sentence_transformers import SentenceTransformer
+
+TRANSFER_DEFAULTS: dict[str, Any] = {
+    "steps": 300, "stage2_steps": 0, "stage2_loss": "mse", "lr": 1e-3, "stage2_lr": 1e-4, "lora_r": 8,
+    "lora_alpha": 16, "keep_softmax_layers": 0,
+}
+"""The transfer settings of a mechanism that declares none (:attr:`Mechanism.transfer_defaults`)."""
+PROBE_TEXTS = 64
+"""Training passages on which the probe transfer ranks the layers (``keep_softmax_layers``)."""
 
 
 @dataclass
@@ -65,15 +75,20 @@ class ConvertOptions:
     text_column: str = "text"
     text_split: str = "train"
     heldout_fraction: float = 0.1
-    steps: int = 300
+    # None below: the mechanism's measured best (Mechanism.transfer_defaults), else TRANSFER_DEFAULTS.
+    steps: int | None = None
     """Stage 1 optimizer steps."""
-    stage2_steps: int = 0
-    stage2_loss: str = "mse"
-    lr: float = 1e-3
-    stage2_lr: float = 1e-4
+    stage2_steps: int | None = None
+    stage2_loss: str | None = None
+    lr: float | None = None
+    stage2_lr: float | None = None
+    lora_r: int | None = None
+    lora_alpha: int | None = None
+    keep_softmax_layers: int | None = None
+    """After a probe transfer (stage 1 on all layers), keep softmax attention on this many of the
+    layers whose attention error stays worst, and convert the others (0: convert every layer that
+    ``layers`` selects). The chosen layers are saved in config.json as an explicit ``layers`` list."""
     warmup_steps: int = 10
-    lora_r: int = 8
-    lora_alpha: int = 16
     batch_size: int = 8
     """Per process."""
     max_length: int = 128
@@ -86,7 +101,16 @@ class ConvertOptions:
     """The Hub id to name in the model card; None: found from the checkpoint (:func:`~hf_sliced_attn.sources.hub_id_of`)."""
 
     def __post_init__(self) -> None:
-        self.resolved_options()  # an unknown mechanism or a bad option fails here, saying what is valid
+        mechanism = MECHANISMS.get_mechanism(self.mechanism)
+        for name, default in TRANSFER_DEFAULTS.items():
+            if getattr(self, name) is None:
+                setattr(self, name, mechanism.transfer_defaults.get(name, default))
+        self.resolved_options()  # a bad option fails here, saying what is valid
+        if self.keep_softmax_layers < 0:
+            raise ValueError(f"keep_softmax_layers must be >= 0, got {self.keep_softmax_layers}.")
+        if self.keep_softmax_layers and isinstance(self.mechanism_options.get("layers"), list):
+            raise ValueError("keep_softmax_layers chooses the layers itself: give it or a list of layers, not both "
+                             "(--keep-softmax-layers 0 keeps the given list).")
         self.transfer_schedule()  # and so do bad step counts or an unknown stage-2 loss
         for name in ("batch_size", "max_length", "lora_r"):
             if getattr(self, name) < 1:
@@ -142,14 +166,42 @@ def _prepare_output(options: ConvertOptions, accelerator: Accelerator) -> None:
     accelerator.wait_for_everyone()
 
 
-def build_student(options: ConvertOptions, config: PretrainedConfig) -> tuple[PreTrainedModel, PeftModel]:
-    """(teacher, student): ``options.model`` with sdpa, frozen, and with the new attention and LoRA
-    on its attention projections (both in eval mode: no dropout, so a step depends on its batch
-    only). ``config`` is the checkpoint's config."""
-    config = prepare_config(config, options.mechanism, **options.resolved_options())
-    teacher = AutoModel.from_pretrained(options.model, attn_implementation="sdpa").eval().requires_grad_(False)
+def build_teacher(options: ConvertOptions) -> PreTrainedModel:
+    """``options.model`` with sdpa attention, frozen, in eval mode."""
+    return AutoModel.from_pretrained(options.model, attn_implementation="sdpa").eval().requires_grad_(False)
+
+
+def build_student(options: ConvertOptions, config: PretrainedConfig, layers: list[int] | None = None) -> PeftModel:
+    """``options.model`` with the new attention (on ``layers`` when given) and LoRA on its attention
+    projections, in eval mode (no dropout: a step depends on its batch only). ``config`` is the
+    checkpoint's config; it is copied, not changed."""
+    chosen = options.resolved_options() if layers is None else {**options.resolved_options(), "layers": layers}
+    config = prepare_config(copy.deepcopy(config), options.mechanism, **chosen)
     student = AutoModel.from_pretrained(options.model, config=config).eval()
-    return teacher, with_transfer_lora(student, options.lora_r, options.lora_alpha)
+    return with_transfer_lora(student, options.lora_r, options.lora_alpha)
+
+
+def choose_layers(options: ConvertOptions, config: PretrainedConfig, teacher: PreTrainedModel,
+                  accelerator: Accelerator, batches: Batches, probe: list[str],
+                  tokenizer: PreTrainedTokenizerBase) -> tuple[list[int], dict[str, float]]:
+    """The layers to convert with ``keep_softmax_layers``: a probe transfer (stage 1 on every layer that
+    ``layers`` selects), then the ``keep_softmax_layers`` layers whose attention error on ``probe``
+    (training passages) stays largest keep softmax. Returns (layers to convert, error per layer)."""
+    set_seed(options.seed)
+    student = build_student(options, config).to(accelerator.device)
+    layers = converted_layers(student)
+    if options.keep_softmax_layers >= len(layers):
+        raise ValueError(f"keep_softmax_layers={options.keep_softmax_layers} leaves none of the {len(layers)} "
+                         "layers to convert: keep fewer.")
+    schedule = dataclasses.replace(options.transfer_schedule(), stage2_steps=0)
+    student, _ = transfer_attention(accelerator, teacher, student,
+                                    batches.stream(0, accelerator.process_index, accelerator.num_processes),
+                                    schedule, description="probe: rank the layers")
+    errors = measure_fidelity(teacher, student.eval(), tokenizer, probe, layers=layers,
+                              max_length=options.max_length)["attention_relative_error"]
+    accelerator.free_memory()
+    worst = sorted(layers, key=lambda layer: errors[str(layer)], reverse=True)[: options.keep_softmax_layers]
+    return [layer for layer in layers if layer not in worst], errors
 
 
 def _texts(options: ConvertOptions) -> tuple[list[str], list[str], str | None]:
@@ -177,17 +229,24 @@ def convert(options: ConvertOptions, on_step: Callable[[int, float], None] | Non
                               kwargs_handlers=[DistributedDataParallelKwargs(find_unused_parameters=True)])
     _prepare_output(options, accelerator)
     output = Path(options.output_dir)
-    set_seed(options.seed)
     tokenizer = AutoTokenizer.from_pretrained(options.model)
-    teacher, student = build_student(options, config)
-    teacher.to(accelerator.device)
-    student.to(accelerator.device)
-    layers = converted_layers(student)
+    teacher = build_teacher(options).to(accelerator.device)
+    batches = Batches(tokenize(tokenizer, train_texts, options.max_length), tokenizer, options.batch_size,
+                      options.seed)
     state: dict[str, Any] = {"fingerprint": options.fingerprint()}
+    if options.resume:
+        state["layers"] = _saved_state(output).get("layers")
+    elif options.keep_softmax_layers:
+        started = time.perf_counter()
+        state["layers"], state["probe_attention_error"] = choose_layers(
+            options, config, teacher, accelerator, batches, train_texts[:PROBE_TEXTS], tokenizer)
+        state["probe_s"] = time.perf_counter() - started
+    set_seed(options.seed)
+    student = build_student(options, config, state.get("layers")).to(accelerator.device)
+    layers = converted_layers(student)
     if not options.resume and accelerator.is_main_process:
         state["before"] = measure_fidelity(teacher, student, tokenizer, heldout_texts, layers=layers,
                                            max_length=options.max_length)
-    batches = Batches(tokenize(tokenizer, train_texts, options.max_length), tokenizer, options.batch_size, options.seed)
     student, state = transfer_attention(
         accelerator, teacher, student, batches.stream(0, accelerator.process_index, accelerator.num_processes),
         options.transfer_schedule(), checkpoint_dir=output / CHECKPOINT_DIR, resume=options.resume, state=state,
@@ -201,14 +260,28 @@ def convert(options: ConvertOptions, on_step: Callable[[int, float], None] | Non
                                    reference_texts=heldout_texts[:REFERENCE_TEXTS], max_length=options.max_length)
         report = _report(options, getattr(student.config, CONFIG_KEY), layers, state["before"], after,
                          len(train_texts), len(heldout_texts), heldout_note, accelerator.num_processes)
-        report.update(reference=reference, wall_time_s=state["elapsed_s"], license=base_model_license(options.model),
-                      sentence_transformers=_keep_sentence_transformers_files(options, output))
+        report.update(reference=reference, wall_time_s=state["elapsed_s"] + state.get("probe_s", 0.0),
+                      license=base_model_license(options.model),
+                      sentence_transformers=_keep_sentence_transformers_files(options, output),
+                      kept_softmax=_kept_softmax(options, state))
         (output / REPORT_NAME).write_text(json.dumps(report, indent=2))
         render_conversion_card(output, report=report)
         shutil.rmtree(output / CHECKPOINT_DIR)
     accelerator.wait_for_everyone()
     report = json.loads((output / REPORT_NAME).read_text())
     return ConversionResult(output, report, [heldout_note] if heldout_note else [])
+
+
+def _saved_state(output: Path) -> dict[str, Any]:
+    """The state saved with the latest checkpoint of an interrupted conversion (e.g. its chosen layers)."""
+    return json.loads((latest_checkpoint(output / CHECKPOINT_DIR) / "progress.json").read_text())
+
+
+def _kept_softmax(options: ConvertOptions, state: dict[str, Any]) -> dict[str, Any] | None:
+    """What ``keep_softmax_layers`` chose, for the report: the count and the probe's error per layer."""
+    if not options.keep_softmax_layers:
+        return None
+    return {"count": options.keep_softmax_layers, "probe_attention_error": state["probe_attention_error"]}
 
 
 def _keep_sentence_transformers_files(options: ConvertOptions, output: Path) -> str | None:

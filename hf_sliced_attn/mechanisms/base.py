@@ -144,6 +144,8 @@ class Mechanism:
         description: one paragraph for model cards: the maths and the modules it adds.
         conversion_defaults: options that attention transfer uses unless told otherwise (the
             measured best for converting a softmax checkpoint; the config's defaults stay the paper's).
+        transfer_defaults: the transfer's settings that measure best for this mechanism (fields of
+            :class:`hf_sliced_attn.convert.ConvertOptions`: ``steps``, ``lora_r``, ``keep_softmax_layers``, ...).
     """
 
     config_class: type[MechanismConfig]
@@ -155,6 +157,7 @@ class Mechanism:
     paper: Paper
     description: str
     conversion_defaults: Mapping[str, Any] = field(default_factory=dict)
+    transfer_defaults: Mapping[str, Any] = field(default_factory=dict)
 
     @property
     def name(self) -> str:

@@ -15,7 +15,7 @@ from tests.tiny_models import HELDOUT_TEXT, TRAIN_TEXT
 
 def convert_args(model, output, *extra: str) -> list[str]:
     return ["convert", "--model", str(model), "--attn", "rela", "--text", TRAIN_TEXT, "--output", str(output),
-            "--steps", "4", *extra]
+            "--steps", "4", "--stage2-steps", "0", "--keep-softmax-layers", "0", "--lora-r", "8", *extra]
 
 
 def test_convert_command_splits_off_heldout_text(tiny_roberta, tmp_path, capsys):

@@ -12,7 +12,7 @@ from transformers import AutoConfig, AutoModel, AutoTokenizer
 from hf_sliced_attn.attention import LAYER_MODE_ATTR
 from hf_sliced_attn import MECHANISMS
 from hf_sliced_attn.artifacts import CHECKPOINT_DIR, REPORT_NAME, check_reference, load_converted
-from hf_sliced_attn.convert import convert
+from hf_sliced_attn.convert import TRANSFER_DEFAULTS, ConvertOptions, convert
 from hf_sliced_attn.fidelity import measure_fidelity
 from hf_sliced_attn.taps import attention_modules
 from hf_sliced_attn.text import split_heldout
@@ -169,3 +169,34 @@ def test_no_written_file_holds_a_local_path(tiny_roberta, tmp_path):
             assert local not in text, f"{path.name} holds the local path {local}"
     card = (output / "README.md").read_text()
     assert "a local checkpoint" in card and "base_model:" not in card
+
+
+def test_each_mechanism_brings_its_measured_transfer_settings(tmp_path):
+    """Settings left out take the mechanism's transfer defaults; given ones win."""
+    sliced = ConvertOptions(model="m", mechanism="sliced_relu", output_dir=str(tmp_path), text=["t"])
+    rela = ConvertOptions(model="m", mechanism="rela", output_dir=str(tmp_path), text=["t"], stage2_steps=7)
+    for options in (sliced, rela):
+        expected = {**TRANSFER_DEFAULTS, **MECHANISMS[options.mechanism].transfer_defaults}
+        if options is rela:
+            expected["stage2_steps"] = 7
+        assert {name: getattr(options, name) for name in TRANSFER_DEFAULTS} == expected
+    assert sliced.keep_softmax_layers == 2 and sliced.resolved_options()["num_slices"] == 4
+    with pytest.raises(ValueError, match="give it or a list of layers, not both"):
+        ConvertOptions(model="m", mechanism="sliced_relu", output_dir=str(tmp_path), text=["t"],
+                       mechanism_options={"layers": [0, 1]})
+
+
+def test_keep_softmax_layers_keeps_the_worst_layers_and_saves_the_choice(tiny_modernbert, tmp_path):
+    """ModernBERT tiny (3 layers, all converted): the probe ranks them, the worst stays softmax."""
+    output = tmp_path / "hybrid"
+    result = convert(tiny_options(tiny_modernbert, output, mechanism="rela", steps=5, keep_softmax_layers=1,
+                                  mechanism_options={"layers": "all"}))
+    probe = result.report["kept_softmax"]["probe_attention_error"]
+    worst = max(probe, key=probe.get)
+    saved = AutoConfig.from_pretrained(output).hf_sliced_attn["layers"]
+    assert saved == sorted(int(layer) for layer in probe if layer != worst)
+    assert result.report["converted_layers"] == saved
+    assert_converted_folder(output, "rela")
+    with pytest.raises(ValueError, match="leaves none of the 3 layers"):
+        convert(tiny_options(tiny_modernbert, tmp_path / "none", mechanism="rela", steps=2, keep_softmax_layers=3,
+                             mechanism_options={"layers": "all"}))

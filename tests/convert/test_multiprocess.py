@@ -22,7 +22,7 @@ def test_two_processes_convert_together(tiny_roberta, tmp_path):
                "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
                "-m", "hf_sliced_attn.cli", "convert", "--model", str(tiny_roberta), "--attn", "sliced_relu",
                "--text", TRAIN_TEXT, "--heldout-text", HELDOUT_TEXT, "--output", str(output),
-               "--steps", "20", "--stage2-steps", "4", "--checkpoint-every", "5"]
+               "--steps", "20", "--stage2-steps", "4", "--checkpoint-every", "5", "--keep-softmax-layers", "1"]
     result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-4000:]
     assert result.stdout.count("Wrote ") == 1  # one process reports
@@ -30,4 +30,5 @@ def test_two_processes_convert_together(tiny_roberta, tmp_path):
     assert report["training"]["num_processes"] == 2  # one process group, not two separate runs
     errors = report["attention_relative_error"]
     assert errors["mean_after"] < errors["mean_before"]
+    assert len(report["converted_layers"]) == 1  # the probe, run by both processes, kept one layer on softmax
     assert_converted_folder(output, "sliced_relu")
