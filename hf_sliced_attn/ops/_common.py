@@ -30,13 +30,19 @@ def compute_dtype(dtype: torch.dtype) -> torch.dtype:
 
 
 def check_sliding_window(sliding_window: int | None, *, required: bool = False) -> None:
-    """Raise ValueError unless ``sliding_window`` is an int >= 1 (or None, when not ``required``)."""
-    if sliding_window is None and not required:
+    """Raise ValueError unless ``sliding_window`` is an int >= 1, or None when not ``required``.
+
+    Every op raises the same message for the same bad value; a windowed op given None says that
+    it needs a window.
+    """
+    if sliding_window is None:
+        if required:
+            raise ValueError("sliding_window is required by this windowed op: give an int >= 1 (it keeps the "
+                             "pairs with |i - j| <= sliding_window - 1)")
         return
     if isinstance(sliding_window, bool) or not isinstance(sliding_window, int) or sliding_window < 1:
-        allowed = "an int >= 1" if required else "None or an int >= 1"
         raise ValueError(
-            f"sliding_window must be {allowed} (it keeps the pairs with |i - j| <= sliding_window - 1), "
+            f"sliding_window must be None or an int >= 1 (it keeps the pairs with |i - j| <= sliding_window - 1), "
             f"got {sliding_window!r}"
         )
 
