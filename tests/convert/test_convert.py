@@ -14,6 +14,7 @@ from hf_sliced_attn import MECHANISMS
 from hf_sliced_attn.artifacts import CHECKPOINT_DIR, REPORT_NAME, check_reference, load_converted
 from hf_sliced_attn.convert import TRANSFER_DEFAULTS, ConvertOptions, convert
 from hf_sliced_attn.fidelity import measure_fidelity
+from hf_sliced_attn.hub import push
 from hf_sliced_attn.taps import attention_modules
 from hf_sliced_attn.text import split_heldout
 
@@ -169,6 +170,9 @@ def test_no_written_file_holds_a_local_path(tiny_roberta, tmp_path):
             assert local not in text, f"{path.name} holds the local path {local}"
     card = (output / "README.md").read_text()
     assert "a local checkpoint" in card and "base_model:" not in card
+    printed: list[str] = []
+    push(output, "me/converted", dry_run=True, echo=printed.append)
+    assert any(line.startswith("Warning: the model card names no base_model") for line in printed)
 
 
 def test_each_mechanism_brings_its_measured_transfer_settings(tmp_path):
