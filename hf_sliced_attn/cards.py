@@ -177,7 +177,8 @@ def _fidelity_rows(report: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
 
 def render_glue_card(output_dir: str | Path, *, base_model: str | None, task_name: str, metrics: dict[str, float],
                      mechanism: str, dataset_name: str | None = None, split: str = "validation",
-                     model_id: str | None = None, license: str | None = None) -> ModelCard:
+                     model_id: str | None = None, license: str | None = None,
+                     attention_transfer: dict[str, Any] | None = None) -> ModelCard:
     """Write ``output_dir/README.md`` for a model fine-tuned on GLUE ``task_name`` and return the card.
 
     ``metrics`` are the evaluation results on ``split`` (e.g. ``{"eval_accuracy": 0.91}``;
@@ -185,7 +186,9 @@ def render_glue_card(output_dir: str | Path, *, base_model: str | None, task_nam
     ``model-index``). ``dataset_name`` is the Hub dataset trained on (default ``nyu-mll/glue``), or
     a description of local data (then the metadata lists no dataset); ``model_id`` names the model
     in the loading snippet (default: the folder's name). ``base_model`` is a Hub id, or None
-    when it has none (the card then says "a local checkpoint").
+    when it has none (the card then says "a local checkpoint"). ``attention_transfer`` is the record of
+    the attention transfer that preceded fine-tuning (``steps``, ``stage2_steps``, ``wall_time_s`` and,
+    when measured, ``fidelity_texts`` and ``{"before": x, "after": y}`` per fidelity measure), or None.
     """
     MECHANISMS.get_mechanism(mechanism)  # an unknown one fails here, listing the valid ones
     output_dir = Path(output_dir)
@@ -215,6 +218,13 @@ def render_glue_card(output_dir: str | Path, *, base_model: str | None, task_nam
         dataset_description=f"GLUE {task_name.upper()} ({dataset})", split=split,
         metrics={name: _fmt(value) for name, value in scores.items()},
         loading_code=_loading_code(model_id, model_class="AutoModelForSequenceClassification", mechanism=mechanism),
+        transfer=attention_transfer, transfer_rows=[
+            {"name": name, "before": _fmt(attention_transfer[key]["before"]), "after": _fmt(attention_transfer[key]["after"])}
+            for key, name in (("attention_relative_error_mean", "mean relative error of the attention outputs"),
+                              ("hidden_state_cosine", "cosine of the final hidden states (token level)"),
+                              ("embedding_cosine", "cosine of the mean-pooled embeddings"),
+                              ("pairwise_spearman", "Spearman of the pairwise cosine similarities"))
+            if key in attention_transfer] if attention_transfer else [],
         **_mechanism_fields(mechanism),
     )
     card.save(output_dir / "README.md")

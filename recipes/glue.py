@@ -24,10 +24,18 @@ config dataclass (``--layers``, alias ``--attn_layers``; ``--num_slices``, ``--p
 ``--[no-]affine_output``, ... see ``--help``). Options left out come from the checkpoint (a
 converted one keeps its own) or the mechanism's defaults.
 
+Attention transfer: from a softmax checkpoint, a plugin mechanism first learns to reproduce the
+checkpoint's softmax attention on the task's own training text (no labels), with the code of
+``hf-sliced-attn convert`` (:func:`hf_sliced_attn.transfer.transfer_attention`; the mechanism's
+``conversion_defaults`` then fill the options not given), and fine-tuning starts from there
+(:func:`transfer_attention_step`; ``--attention_transfer_steps 0`` fine-tunes the new attention
+directly, from its fresh initialisation). A converted checkpoint and the softmax baselines skip it.
+
 The script follows transformers' ``examples/pytorch/text-classification/run_glue_no_trainer.py``
 step by step; :func:`train` reads top to bottom: arguments -> accelerator -> data
-(:func:`prepare_data`) -> config, tokenizer, model (:func:`prepare_model`) -> tokenized
-dataloaders -> optimizer and schedule (:func:`prepare_training`) -> resume -> training loop
+(:func:`prepare_data`) -> config, tokenizer, model (:func:`prepare_model`) -> tokenized data ->
+attention transfer (:func:`transfer_attention_step`) -> LoRA (:func:`add_lora`) -> dataloaders ->
+optimizer and schedule (:func:`prepare_training`) -> resume -> training loop
 (:func:`run_epochs`, one :func:`train_epoch` per epoch) -> evaluate and save
 (:func:`evaluate_and_save`). The differences from transformers' script:
 
@@ -35,7 +43,8 @@ dataloaders -> optimizer and schedule (:func:`prepare_training`) -> resume -> tr
   ``accelerator.accumulate``: the optimizer and the LR schedule step once per *update*,
   never at micro-batch 0, and ``--max_train_steps`` / the schedule count updates;
 * the sampler is seeded per epoch and checkpoints record where in the epoch they were
-  taken, so ``--resume_from_checkpoint`` reproduces the uninterrupted run;
+  taken, so ``--resume_from_checkpoint`` reproduces the uninterrupted run (an interrupted
+  attention transfer too, from ``transfer_checkpoints``);
 * the official GLUE metric is computed by a local ``evaluate`` module
   (``hf_sliced_attn/metrics/glue``), on gathered predictions that count every example once;
   MNLI reports matched *and* mismatched results;
@@ -43,7 +52,8 @@ dataloaders -> optimizer and schedule (:func:`prepare_training`) -> resume -> tr
   columns inferred; errors on bad input say what was found and what was expected.
 
 Outputs in ``--output_dir``: the model (LoRA merged), the tokenizer, ``all_results.json``
-(``eval_<metric>`` keys, ``_mm`` for MNLI mismatched), ``train_log.jsonl`` (one line per
+(``eval_<metric>`` keys, ``_mm`` for MNLI mismatched; ``attention_transfer``: its steps, time and
+the fidelity it reached on validation text), ``train_log.jsonl`` (one line per
 optimizer update), ``README.md`` (the package's GLUE model card,
 :func:`hf_sliced_attn.cards.render_glue_card`; the softmax baselines get none) and the
 ``step_N`` / ``epoch_N`` checkpoints.
@@ -52,12 +62,15 @@ optimizer update), ``README.md`` (the package's GLUE model card,
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 import logging
 import math
 import os
+import shutil
 import sys
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -66,15 +79,16 @@ import datasets
 import evaluate
 import torch
 import transformers
-from accelerate import Accelerator, DataLoaderConfiguration
+from accelerate import Accelerator, DataLoaderConfiguration, DistributedDataParallelKwargs
 from accelerate.logging import get_logger
-from accelerate.utils import set_seed
+from accelerate.utils import DistributedType, set_seed
 from datasets import DatasetDict, load_dataset
 from datasets.fingerprint import Hasher
 from torch.utils.data import DataLoader
 from tqdm.auto import tqdm
 from transformers import (
     AutoConfig,
+    AutoModel,
     AutoModelForSequenceClassification,
     AutoTokenizer,
     DataCollatorWithPadding,
@@ -85,10 +99,15 @@ from transformers import (
 import hf_sliced_attn
 from hf_sliced_attn.arguments import add_mechanism_arguments, mechanism_options
 from hf_sliced_attn.cards import base_model_license, render_glue_card
+from hf_sliced_attn.convert import TRANSFER_DEFAULTS
 from hf_sliced_attn.distributed import cpu_process_group_kwargs
+from hf_sliced_attn.fidelity import measure_fidelity
 from hf_sliced_attn.hub import hub_offline
-from hf_sliced_attn.mechanisms import parse_layers
+from hf_sliced_attn.mechanisms import CONFIG_KEY, parse_layers
 from hf_sliced_attn.sources import ModelNotFoundError, hub_id_of, load_model_config
+from hf_sliced_attn.taps import converted_layers
+from hf_sliced_attn.text import Batches
+from hf_sliced_attn.transfer import TransferSchedule, latest_checkpoint, transfer_attention, with_transfer_lora
 
 logger = get_logger(__name__)
 
@@ -134,6 +153,13 @@ BASE_ATTN_IMPLEMENTATIONS = ("sdpa", "eager")
 """The softmax attentions of transformers; the plugin's mechanisms are read from hf_sliced_attn.MECHANISMS."""
 FILE_BUILDERS = {".csv": ("csv", {}), ".tsv": ("csv", {"delimiter": "\t"}), ".json": ("json", {}), ".jsonl": ("json", {})}
 STATE_FILE = "recipe_state.json"
+ATTENTION_TRANSFER_STEPS = 100
+"""Default stage-1 steps of the attention transfer that precedes fine-tuning a plugin mechanism."""
+TRANSFER_CHECKPOINTS = "transfer_checkpoints"
+"""Folder of --output_dir holding the attention transfer's checkpoint: an interrupted run resumes from it (a finished
+transfer too, until fine-tuning has a checkpoint of its own); removed then, or at the end of the run."""
+FIDELITY_TEXTS = 64
+"""Validation texts on which the fidelity the transfer reached is measured."""
 
 
 class RecipeError(Exception):
@@ -176,6 +202,9 @@ def build_parser() -> argparse.ArgumentParser:
     attention.add_argument("--attn_layers", dest="layers", type=layer_selection, default=None,
                            help="Alias of --layers.")
     add_lora_arguments(parser.add_argument_group("LoRA"))
+    add_transfer_arguments(parser.add_argument_group(
+        "attention transfer", "Before fine-tuning a plugin mechanism from a softmax checkpoint, train it to reproduce "
+                               "the checkpoint's attention on the task's training text (as `hf-sliced-attn convert` does)."))
     add_training_arguments(parser.add_argument_group("training"))
     add_output_arguments(parser.add_argument_group("checkpoints, outputs, tracking"))
     return parser
@@ -222,6 +251,21 @@ def add_lora_arguments(lora) -> None:
     lora.add_argument("--lora_dropout", type=float, default=0.1)
 
 
+def add_transfer_arguments(transfer) -> None:
+    transfer.add_argument("--attention_transfer_steps", type=int, default=None,
+                          help=f"Stage-1 steps (per-layer attention-output matching); 0 fine-tunes the new attention "
+                               f"directly from its fresh initialisation. Default: {ATTENTION_TRANSFER_STEPS} for a plugin "
+                               f"mechanism, none for sdpa/eager and converted checkpoints.")
+    transfer.add_argument("--attention_transfer_stage2_steps", type=int, default=0,
+                          help="Stage-2 steps (end-to-end distillation of the final hidden states) after stage 1.")
+    transfer.add_argument("--attention_transfer_lr", type=float, default=1e-3, help="Stage-1 peak learning rate.")
+    transfer.add_argument("--attention_transfer_lora_r", type=int, default=32,
+                          help="Rank of the LoRA on the attention projections that the transfer trains (merged after).")
+    transfer.add_argument("--attention_transfer_lora_alpha", type=int, default=64, help="Its LoRA alpha.")
+    transfer.add_argument("--attention_transfer_batch_size", type=int, default=None,
+                          help="Texts per transfer step and process. Default: --per_device_train_batch_size.")
+
+
 def add_training_arguments(train) -> None:
     train.add_argument("--preset", default=None, help=f"Hyperparameter preset from {PRESETS_FILE.name}; explicit flags override it. "
                                                        "`--preset list` prints them.")
@@ -247,9 +291,12 @@ def add_training_arguments(train) -> None:
 
 def add_output_arguments(ckpt) -> None:
     ckpt.add_argument("--output_dir", default="outputs/glue-sample")
-    ckpt.add_argument("--checkpointing_steps", default=None, help="Save the training state every N updates, or 'epoch'.")
+    ckpt.add_argument("--checkpointing_steps", default=None,
+                      help="Save the training state every N updates, or 'epoch'. An attention transfer saves its own "
+                           f"every N steps (default: every {TransferSchedule.checkpoint_every}).")
     ckpt.add_argument("--resume_from_checkpoint", default=None,
-                      help="A step_N / epoch_N folder, or 'latest' (the most advanced one in --output_dir).")
+                      help="A step_N / epoch_N folder, or 'latest' (the most advanced one in --output_dir; with none, "
+                           f"an interrupted attention transfer in --output_dir/{TRANSFER_CHECKPOINTS}).")
     ckpt.add_argument("--with_tracking", action="store_true", help="Log to the trackers of --report_to.")
     ckpt.add_argument("--report_to", default="all", help="tensorboard, wandb, comet_ml, clearml, mlflow, ... or 'all'.")
     ckpt.add_argument("--metric_source", choices=["local", "hub"], default="local",
@@ -305,6 +352,30 @@ def validate_args(args) -> None:
     if args.gradient_accumulation_steps < 1:
         raise RecipeError("--gradient_accumulation_steps must be >= 1.")
     attention_options(args)  # an option of another mechanism fails here, before any work
+    validate_transfer_args(args)
+
+
+def validate_transfer_args(args) -> None:
+    """Check the attention-transfer flags and fill their defaults (the steps: 0 for softmax attention)."""
+    plugin = args.attn_implementation in hf_sliced_attn.MECHANISMS
+    for flag in ("attention_transfer_steps", "attention_transfer_stage2_steps"):
+        if (getattr(args, flag) or 0) > 0 and not plugin:
+            raise RecipeError(f"--{flag} {getattr(args, flag)} applies to the plugin's mechanisms "
+                              f"({', '.join(hf_sliced_attn.MECHANISMS)}), not to {args.attn_implementation!r} (softmax "
+                              f"attention: nothing to transfer). Drop it, or pass --attn_implementation sliced_relu.")
+    for flag in ("attention_transfer_steps", "attention_transfer_stage2_steps"):
+        if (getattr(args, flag) or 0) < 0:
+            raise RecipeError(f"--{flag} must be >= 0 (0: no attention transfer, the new attention is fine-tuned "
+                              f"directly), got {getattr(args, flag)}.")
+    for flag in ("attention_transfer_lora_r", "attention_transfer_lora_alpha", "attention_transfer_batch_size"):
+        if getattr(args, flag) is not None and getattr(args, flag) < 1:
+            raise RecipeError(f"--{flag} must be >= 1, got {getattr(args, flag)}.")
+    if args.attention_transfer_lr <= 0:
+        raise RecipeError(f"--attention_transfer_lr must be > 0, got {args.attention_transfer_lr}.")
+    if args.attention_transfer_steps is None:
+        args.attention_transfer_steps = ATTENTION_TRANSFER_STEPS if plugin else 0
+    if args.attention_transfer_stage2_steps and not args.attention_transfer_steps:
+        raise RecipeError("--attention_transfer_stage2_steps follows stage 1: it needs --attention_transfer_steps > 0.")
 
 
 def attention_options(args) -> dict[str, Any]:
@@ -470,8 +541,11 @@ def build_config(args, num_labels: int, label_list, is_regression: bool):
     else:
         config.problem_type = "regression"
     if args.attn_implementation in hf_sliced_attn.MECHANISMS:
+        options = attention_options(args)
+        if transfer_skip_reason(args) is None:  # as `hf-sliced-attn convert`: its defaults for the options not given
+            options = {**hf_sliced_attn.MECHANISMS[args.attn_implementation].conversion_defaults, **options}
         try:
-            hf_sliced_attn.prepare_config(config, args.attn_implementation, **attention_options(args))
+            hf_sliced_attn.prepare_config(config, args.attn_implementation, **options)
         except ValueError as err:
             raise RecipeError(f"Invalid attention options: {err}") from err
     return config
@@ -484,15 +558,19 @@ def classifier_head_names(model) -> list[str]:
 
 
 def build_model(args, config):
-    """The model to train: the checkpoint with the requested attention, wrapped in peft LoRA if --lora."""
+    """The model to train: the checkpoint with the requested attention."""
     try:
-        model = AutoModelForSequenceClassification.from_pretrained(
+        return AutoModelForSequenceClassification.from_pretrained(
             args.model_name_or_path, config=config, attn_implementation=args.attn_implementation,
             ignore_mismatched_sizes=args.ignore_mismatched_sizes,
         )
     except (OSError, ValueError) as err:
         raise RecipeError(f"Cannot load {args.model_name_or_path!r} with attn_implementation="
                           f"{args.attn_implementation!r}: {err}") from err
+
+
+def add_lora(args, model, accelerator: Accelerator | None = None):
+    """With --lora, ``model`` wrapped in peft LoRA (adapters, the mechanism's modules and the head train); else ``model``."""
     if args.lora:
         from peft import LoraConfig, TaskType, get_peft_model
 
@@ -505,6 +583,8 @@ def build_model(args, config):
             modules_to_save=list(hf_sliced_attn.modules_to_save(model)) + classifier_head_names(model),
         )
         model = get_peft_model(model, lora_config)
+        if accelerator is not None and accelerator.is_main_process:
+            model.print_trainable_parameters()
     return model
 
 
@@ -515,6 +595,184 @@ def make_optimizer(args, model):
             (no_decay if param.ndim < 2 else decay).append(param)  # biases and norm weights: no decay
     groups = [{"params": decay, "weight_decay": args.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
     return torch.optim.AdamW(groups, lr=args.learning_rate, betas=(args.adam_beta1, args.adam_beta2), eps=args.adam_epsilon)
+
+
+# ----------------------------------------------------------------------------- attention transfer
+def transfer_skip_reason(args) -> str | None:
+    """Why no attention transfer precedes fine-tuning, or None when one does."""
+    if args.attn_implementation not in hf_sliced_attn.MECHANISMS:
+        return f"{args.attn_implementation!r} is softmax attention, there is nothing to transfer"
+    if not args.attention_transfer_steps:
+        return "--attention_transfer_steps 0, the new attention is fine-tuned directly"
+    try:
+        source = load_model_config(args.model_name_or_path)
+    except ModelNotFoundError as err:
+        raise RecipeError(str(err)) from None
+    if getattr(source, CONFIG_KEY, None) is not None:
+        return (f"the checkpoint is already converted (its config has {CONFIG_KEY!r} options): its attention "
+                f"was transferred when it was converted")
+    return None
+
+
+def transfer_attention_step(args, accelerator: Accelerator, model, tokenizer, data: GlueData,
+                            processed: DatasetDict) -> dict | None:
+    """Attention transfer before fine-tuning, by :mod:`hf_sliced_attn.transfer` as ``hf-sliced-attn convert`` runs
+    it: the encoder of ``model`` (the same parameters) learns to reproduce the checkpoint's softmax attention on
+    the training text, LoRA on its attention projections and the mechanism's modules training; the LoRA is merged
+    back after. Returns the record for all_results.json and the card (None when no transfer precedes fine-tuning)."""
+    reason, resuming = transfer_skip_reason(args), resume_point(args)
+    if reason is not None:
+        logger.info(f"Attention transfer skipped: {reason}.")
+        if resuming == "transfer":
+            logger.warning(f"The interrupted attention transfer in {TRANSFER_CHECKPOINTS} is not resumed: fine-tuning "
+                           f"starts from the beginning.")
+        return None
+    if resuming == "fine-tuning":
+        checkpoint = find_checkpoint(args)
+        logger.info(f"Attention transfer not rerun: fine-tuning resumes from {checkpoint.name}, which holds its weights.")
+        return json.loads((checkpoint / STATE_FILE).read_text()).get("attention_transfer")
+    if accelerator.distributed_type in (DistributedType.FSDP, DistributedType.DEEPSPEED):
+        raise RecipeError(
+            f"Attention transfer does not run under {accelerator.distributed_type.value} (it would shard the encoder "
+            f"once for the transfer and again for fine-tuning). Convert the checkpoint first with `hf-sliced-attn "
+            f"convert` (one GPU, or DDP: recipes/configs/multi_gpu.yaml) and fine-tune the converted folder here, "
+            f"or pass --attention_transfer_steps 0 to fine-tune the new attention directly.")
+    check_transfer_text(args, data)
+    model.to(accelerator.device).eval()  # no dropout: a transfer step depends on its batch only
+    encoder, schedule = model.base_model, transfer_schedule(args)
+    teacher = AutoModel.from_pretrained(args.model_name_or_path, attn_implementation="sdpa")
+    teacher = teacher.eval().requires_grad_(False).to(accelerator.device)
+    layers, texts = converted_layers(encoder), fidelity_texts(data)
+    state = {"fingerprint": transfer_fingerprint(args, model, processed, accelerator)}
+    if resuming != "transfer":
+        state["before"] = transfer_fidelity(args, teacher, encoder, tokenizer, texts, layers)
+    batch_size = args.attention_transfer_batch_size or args.per_device_train_batch_size
+    logger.info(f"***** Attention transfer to {args.attn_implementation} *****")
+    logger.info(f"  Steps = {schedule.steps} (stage 2: {schedule.stage2_steps}), converted layers = {layers}, "
+                f"texts = {len(processed['train'])}, batch per process = {batch_size}, LoRA r = "
+                f"{args.attention_transfer_lora_r}" + (", resuming" if resuming == "transfer" else ""))
+    student = with_transfer_lora(encoder, args.attention_transfer_lora_r, args.attention_transfer_lora_alpha)
+    batches = transfer_batches(args, processed, tokenizer, encoder, accelerator.process_index,
+                               accelerator.num_processes)
+    with transfer_settings(accelerator):
+        try:
+            student, state = transfer_attention(
+                accelerator, teacher, student, batches, schedule, checkpoint_dir=transfer_checkpoint_dir(args),
+                resume=resuming == "transfer", state=state, description="attention transfer")
+        except (ValueError, FileNotFoundError) as err:  # a checkpoint of other options, or none
+            raise RecipeError(f"--resume_from_checkpoint: {err}") from err
+    student.merge_and_unload()  # into the encoder, in place: the task model holds the trained weights
+    model.requires_grad_(True)  # as loaded; fine-tuning (and --lora) decide what trains
+    model.zero_grad(set_to_none=True)  # the last transfer step's gradients must not reach fine-tuning's first update
+    after = transfer_fidelity(args, teacher, encoder, tokenizer, texts, layers)
+    record = transfer_record(args, schedule, state, after, len(texts))
+    logger.info(f"Attention transfer done: {schedule.total_steps} steps in {record['wall_time_s']:.1f} s; "
+                f"{describe_fidelity(record)}")
+    set_seed(args.seed)  # fine-tuning starts from the same random state, resumed transfer or not
+    return record
+
+
+FIDELITY_METRICS = ("attention_relative_error_mean", "hidden_state_cosine", "embedding_cosine", "pairwise_spearman")
+"""What :func:`hf_sliced_attn.fidelity.measure_fidelity` reports that the record keeps (before and after)."""
+
+
+def transfer_schedule(args) -> TransferSchedule:
+    """The flags' steps and learning rate; stage 2's loss and learning rate are the mechanism's (as for convert)."""
+    mechanism = hf_sliced_attn.MECHANISMS[args.attn_implementation]
+    stage2 = {name: mechanism.transfer_defaults.get(name, TRANSFER_DEFAULTS[name]) for name in ("stage2_lr", "stage2_loss")}
+    every = (int(args.checkpointing_steps) if args.checkpointing_steps not in (None, "epoch")
+             else TransferSchedule.checkpoint_every)
+    return TransferSchedule(steps=args.attention_transfer_steps, stage2_steps=args.attention_transfer_stage2_steps,
+                            lr=args.attention_transfer_lr, checkpoint_every=every, **stage2)
+
+
+def check_transfer_text(args, data: GlueData) -> None:
+    """Attention transfer learns from the training text: refuse text columns that hold none."""
+    columns = [key for key in data.keys if key]
+    if not any(text is not None and str(text).strip() for key in columns for text in data.raw["train"][key]):
+        raise RecipeError(
+            f"The training data's text column(s) {columns} are empty (only empty strings): attention transfer "
+            f"learns from the task's text. Fix the data or name other columns with --text_columns, or pass "
+            f"--attention_transfer_steps 0 to fine-tune the new attention without it.")
+
+
+def transfer_batches(args, processed: DatasetDict, tokenizer, encoder, process_index: int = 0,
+                     num_processes: int = 1):
+    """The training split's inputs (no labels; only what the encoder takes), in a seeded shuffle cycled without end
+    (:class:`hf_sliced_attn.text.Batches`): the batch of step s is a function of (seed, s), each process its slice."""
+    accepted = inspect.signature(encoder.forward).parameters
+    train = processed["train"].select_columns([c for c in processed["train"].column_names if c in accepted])
+    batch_size = args.attention_transfer_batch_size or args.per_device_train_batch_size
+    return Batches(train, tokenizer, batch_size, args.seed).stream(0, process_index, num_processes)
+
+
+def transfer_fingerprint(args, model, processed: DatasetDict, accelerator: Accelerator) -> str:
+    """A hash of what fixes the transfer's trajectory: a resumed transfer must have the same."""
+    fixed = [args.model_name_or_path, model.config.to_dict()[CONFIG_KEY], processed["train"]._fingerprint,
+             args.seed, args.max_length, args.attention_transfer_batch_size or args.per_device_train_batch_size,
+             args.attention_transfer_steps, args.attention_transfer_stage2_steps, args.attention_transfer_lr,
+             args.attention_transfer_lora_r, args.attention_transfer_lora_alpha, accelerator.num_processes,
+             accelerator.mixed_precision]
+    return Hasher.hash(json.dumps(fixed, sort_keys=True, default=str))
+
+
+@contextmanager
+def transfer_settings(accelerator: Accelerator):
+    """The recipe's accelerator set as ``hf-sliced-attn convert`` builds its own, for the transfer only: the
+    schedule stepped once per step (not once per process), no gradient-accumulation scaling of the loss, and DDP
+    told that stage 1 leaves parameters unused (the LoRA after each attention). Afterwards the settings are
+    restored and the transfer's prepared objects dropped, so that the fine-tuning model is prepared on its own."""
+    saved = accelerator.step_scheduler_with_optimizer, accelerator.gradient_accumulation_steps, accelerator.ddp_handler
+    accelerator.step_scheduler_with_optimizer, accelerator.gradient_accumulation_steps = False, 1
+    accelerator.ddp_handler = DistributedDataParallelKwargs(find_unused_parameters=True)
+    try:
+        yield
+    finally:
+        accelerator.step_scheduler_with_optimizer, accelerator.gradient_accumulation_steps = saved[:2]
+        accelerator.ddp_handler = saved[2]
+        accelerator.free_memory()  # drops the DDP wrapper of the transfer's objective, and its optimizer
+
+
+def fidelity_texts(data: GlueData) -> list:
+    """Up to FIDELITY_TEXTS validation inputs without empty text: strings, or (first, second) pairs, which the
+    tokenizer encodes as the task's pairs (joined into one string, they would lose the second segment's token
+    type ids, and the fidelity would be measured on inputs unlike the ones trained on)."""
+    validation, columns = data.raw["validation"], [key for key in data.keys if key]
+    texts = []
+    for row in validation.select_columns(columns):
+        parts = tuple(str(row[c]).strip() if row[c] is not None else "" for c in columns)
+        if all(parts):
+            texts.append(parts if len(parts) == 2 else parts[0])
+        if len(texts) == FIDELITY_TEXTS:
+            break
+    return texts
+
+
+def transfer_fidelity(args, teacher, encoder, tokenizer, texts: list, layers: list[int]) -> dict | None:
+    """:func:`hf_sliced_attn.fidelity.measure_fidelity` of the encoder (None with under 3 texts: no correlation)."""
+    if len(texts) < 3:
+        logger.warning(f"Only {len(texts)} non-empty validation text(s): the transfer's fidelity is not measured.")
+        return None
+    return measure_fidelity(teacher, encoder.eval(), tokenizer, texts, layers=layers, max_length=args.max_length)
+
+
+def describe_fidelity(record: dict) -> str:
+    if "fidelity_texts" not in record:
+        return "no fidelity measured"
+    changes = [f"{name} {record[name]['before']:.4f} -> {record[name]['after']:.4f}" for name in FIDELITY_METRICS]
+    return f"fidelity on {record['fidelity_texts']} validation texts: {', '.join(changes)}"
+
+
+def transfer_record(args, schedule: TransferSchedule, state: dict, after: dict | None, num_texts: int) -> dict:
+    """all_results.json's ``attention_transfer``: its settings, training time and the fidelity reached (numbers only)."""
+    record = {"steps": schedule.steps, "stage2_steps": schedule.stage2_steps, "wall_time_s": round(state["elapsed_s"], 2),
+              "lr": schedule.lr, "lora_r": args.attention_transfer_lora_r,
+              "batch_size": args.attention_transfer_batch_size or args.per_device_train_batch_size}
+    before = state.get("before")
+    if before is not None and after is not None:
+        record["fidelity_texts"] = num_texts
+        record.update({name: {"before": before[name], "after": after[name]} for name in FIDELITY_METRICS})
+    return record
 
 
 # ----------------------------------------------------------------------------- evaluation
@@ -548,22 +806,47 @@ def predict(model, dataloader, accelerator, is_regression: bool) -> list:
 
 # ----------------------------------------------------------------------------- checkpoints
 def find_checkpoint(args) -> Path:
+    """The fine-tuning checkpoint (step_N / epoch_N) that --resume_from_checkpoint names."""
     if args.resume_from_checkpoint != "latest":
         path = Path(args.resume_from_checkpoint)
         if not (path / STATE_FILE).is_file():
-            raise RecipeError(f"--resume_from_checkpoint {path}: not a checkpoint of this recipe (no {STATE_FILE}).")
+            raise RecipeError(f"--resume_from_checkpoint {path}: not a checkpoint of this recipe (no {STATE_FILE}); "
+                              f"an interrupted attention transfer resumes with --resume_from_checkpoint latest.")
         return path
     candidates = [p for p in Path(args.output_dir).glob("*") if (p / STATE_FILE).is_file()]
     if not candidates:
-        raise RecipeError(f"--resume_from_checkpoint latest: no checkpoint in {args.output_dir}.")
+        raise RecipeError(f"--resume_from_checkpoint latest: no checkpoint in {args.output_dir} (neither step_N / "
+                          f"epoch_N folders nor an interrupted attention transfer in {TRANSFER_CHECKPOINTS}).")
     return max(candidates, key=lambda p: json.loads((p / STATE_FILE).read_text())["completed_steps"])
 
 
-def save_checkpoint(accelerator, args, name: str, state: dict) -> None:
-    path = Path(args.output_dir) / name
+def transfer_checkpoint_dir(args) -> Path:
+    return Path(args.output_dir) / TRANSFER_CHECKPOINTS
+
+
+def resume_point(args) -> str | None:
+    """What --resume_from_checkpoint continues: "fine-tuning" (a step_N / epoch_N checkpoint; the transfer is not
+    rerun), "transfer" (an interrupted attention transfer in --output_dir, then fine-tuning from the start) or None."""
+    if not args.resume_from_checkpoint:
+        return None
+    transfer_dir = transfer_checkpoint_dir(args)
+    if args.resume_from_checkpoint == "latest":
+        if latest_checkpoint(transfer_dir) is not None and not any(
+                (p / STATE_FILE).is_file() for p in Path(args.output_dir).glob("*")):
+            return "transfer"
+    elif Path(args.resume_from_checkpoint).resolve() in (transfer_dir.resolve(), *transfer_dir.resolve().glob("step-*")):
+        return "transfer"
+    return "fine-tuning"
+
+
+def save_checkpoint(run: Training, args, name: str, state: dict) -> None:
+    """``name`` in --output_dir: the accelerate state and the recipe's (position, the transfer's record). Once
+    fine-tuning has a checkpoint, the finished transfer's is not needed any more."""
+    accelerator, path = run.accelerator, Path(args.output_dir) / name
     accelerator.save_state(str(path))
     if accelerator.is_main_process:
-        (path / STATE_FILE).write_text(json.dumps(state, indent=1))
+        (path / STATE_FILE).write_text(json.dumps({**state, "attention_transfer": run.transfer}, indent=1))
+        shutil.rmtree(transfer_checkpoint_dir(args), ignore_errors=True)
     accelerator.wait_for_everyone()
 
 
@@ -586,7 +869,8 @@ def write_model_card(args, results: dict, metric_config: str) -> None:
                      metrics={k: v for k, v in results.items() if k.startswith("eval_") and "samples" not in k},
                      mechanism=args.attn_implementation,
                      dataset_name=GLUE_HUB_DATASET if on_hub else local_dataset_name(args.train_file),
-                     model_id=args.hub_model_id, license=base_model_license(args.model_name_or_path))
+                     model_id=args.hub_model_id, license=base_model_license(args.model_name_or_path),
+                     attention_transfer=results.get("attention_transfer"))
 
 
 def write_predictions(args, predictions: list, config, data: GlueData) -> None:
@@ -655,6 +939,7 @@ class Training:
     loaders: Loaders
     updates_per_epoch: int
     log_file: Path  # train_log.jsonl: one line per update
+    transfer: dict | None = None  # the attention transfer's record (all_results.json), None if none ran
 
 
 @dataclass
@@ -672,10 +957,12 @@ def train(args) -> dict:
     accelerator = make_accelerator(args)
     repo_id = prepare_output_dir(args, accelerator)
     data = prepare_data(args)
-    config, tokenizer, model = prepare_model(args, data, accelerator)
+    config, tokenizer, model = prepare_model(args, data)
     processed = tokenize(args, data, tokenizer, config, accelerator)
+    transfer = transfer_attention_step(args, accelerator, model, tokenizer, data, processed)
+    model = add_lora(args, model, accelerator)
     loaders = make_dataloaders(args, processed, tokenizer, accelerator)
-    run = prepare_training(args, accelerator, model, loaders, num_examples=len(processed["train"]))
+    run = prepare_training(args, accelerator, model, loaders, num_examples=len(processed["train"]), transfer=transfer)
     position = resume(args, run)
     start = time.time()
     eval_results, train_loss = run_epochs(args, run, data, position)
@@ -741,14 +1028,11 @@ def prepare_data(args) -> GlueData:
     return GlueData(raw, keys, is_regression, label_list, num_labels, metric_config)
 
 
-def prepare_model(args, data: GlueData, accelerator: Accelerator):
-    """The config (labels, attention options), the tokenizer and the model (LoRA-wrapped with --lora)."""
+def prepare_model(args, data: GlueData):
+    """The config (labels, attention options), the tokenizer and the model (LoRA comes after the transfer)."""
     config = build_config(args, data.num_labels, data.label_list, data.is_regression)
     tokenizer = AutoTokenizer.from_pretrained(args.tokenizer_name or args.model_name_or_path)
-    model = build_model(args, config)
-    if args.lora and accelerator.is_main_process:
-        model.print_trainable_parameters()
-    return config, tokenizer, model
+    return config, tokenizer, build_model(args, config)
 
 
 def tokenize(args, data: GlueData, tokenizer, config, accelerator: Accelerator) -> DatasetDict:
@@ -797,7 +1081,8 @@ def make_dataloaders(args, processed: DatasetDict, tokenizer, accelerator: Accel
     )
 
 
-def prepare_training(args, accelerator: Accelerator, model, loaders: Loaders, num_examples: int) -> Training:
+def prepare_training(args, accelerator: Accelerator, model, loaders: Loaders, num_examples: int,
+                     transfer: dict | None = None) -> Training:
     """The optimizer, accelerator.prepare, and the LR schedule counted in optimizer updates."""
     optimizer = make_optimizer(args, model)
     model, optimizer, train_dataloader, *eval_dataloaders = accelerator.prepare(
@@ -829,14 +1114,14 @@ def prepare_training(args, accelerator: Accelerator, model, loaders: Loaders, nu
     logger.info(f"  Batch per device = {args.per_device_train_batch_size}, processes = {accelerator.num_processes}, "
                 f"accumulation = {args.gradient_accumulation_steps}, total batch = {total_batch}")
     return Training(accelerator, model, optimizer, lr_scheduler, loaders, updates_per_epoch,
-                    log_file=Path(args.output_dir) / "train_log.jsonl")
+                    log_file=Path(args.output_dir) / "train_log.jsonl", transfer=transfer)
 
 
 def resume(args, run: Training) -> Position:
     """Where training starts: the state of --resume_from_checkpoint restored, or the beginning.
     train_log.jsonl keeps the lines of the updates done so far (resuming in place drops the lost ones)."""
     position = Position()
-    if args.resume_from_checkpoint:
+    if resume_point(args) == "fine-tuning":
         path = find_checkpoint(args)
         state = json.loads((path / STATE_FILE).read_text())
         if state.get("updates_per_epoch") not in (None, run.updates_per_epoch):
@@ -874,7 +1159,7 @@ def run_epochs(args, run: Training, data: GlueData, position: Position) -> tuple
             accelerator.log({**eval_results, "train_loss_epoch": train_loss, "epoch": epoch},
                             step=position.completed_steps)
         if args.checkpointing_steps == "epoch":
-            save_checkpoint(accelerator, args, f"epoch_{epoch}", {
+            save_checkpoint(run, args, f"epoch_{epoch}", {
                 "completed_steps": position.completed_steps, "epoch": epoch,
                 "batches_in_epoch": len(run.loaders.train), "updates_per_epoch": run.updates_per_epoch})
         if position.completed_steps >= args.max_train_steps:
@@ -930,7 +1215,7 @@ def finish_update(args, run: Training, position: Position, step_loss: float, pro
         run.accelerator.log({"train_loss": step_loss, "lr": lr}, step=position.completed_steps)
     every = int(args.checkpointing_steps) if args.checkpointing_steps not in (None, "epoch") else None
     if every and position.completed_steps % every == 0:
-        save_checkpoint(run.accelerator, args, f"step_{position.completed_steps}", {
+        save_checkpoint(run, args, f"step_{position.completed_steps}", {
             "completed_steps": position.completed_steps, "epoch": position.epoch,
             "batches_in_epoch": position.batch, "updates_per_epoch": run.updates_per_epoch})
 
@@ -959,7 +1244,10 @@ def evaluate_and_save(args, run: Training, data: GlueData, tokenizer, position: 
     config = save_model(args, run)
     results = {**eval_results, "train_loss": train_loss, "train_steps": position.completed_steps,
                "epochs": args.num_train_epochs, "train_runtime": round(time.time() - start, 2)}
+    if run.transfer is not None:
+        results["attention_transfer"] = run.transfer
     if accelerator.is_main_process:
+        shutil.rmtree(transfer_checkpoint_dir(args), ignore_errors=True)  # kept until now in case of a resume
         tokenizer.save_pretrained(args.output_dir)
         with open(Path(args.output_dir) / "all_results.json", "w") as f:
             json.dump(results, f, indent=2)

@@ -7,6 +7,7 @@ the multi-process run and the offline-Hub error run it as a real subprocess.
 from __future__ import annotations
 
 import importlib.util
+import itertools
 import json
 import os
 import subprocess
@@ -114,10 +115,24 @@ def tiny_dropout(tmp_path_factory) -> Path:
     return make_tiny(tmp_path_factory.mktemp("tiny_dropout"), dropout=0.1)
 
 
-def common(model: Path, out: Path, attn: str = "sliced_relu") -> list:
+def common(model: Path, out: Path, attn: str = "sliced_relu", transfer: int | None = 0) -> list:
+    """The flags of a tiny run. ``transfer``: --attention_transfer_steps for a plugin mechanism (0: the direct
+    path, for the tests of fine-tuning mechanics; None: the recipe's default)."""
+    steps = ["--attention_transfer_steps", transfer] if transfer is not None and attn in hf_sliced_attn.MECHANISMS else []
     return ["--model_name_or_path", model, "--output_dir", out, "--attn_implementation", attn,
             "--per_device_train_batch_size", 16, "--per_device_eval_batch_size", 16, "--learning_rate", 1e-3,
-            "--seed", 1]
+            "--seed", 1, *steps]
+
+
+def log_of(out: Path) -> list[dict]:
+    return [json.loads(line) for line in (out / "train_log.jsonl").read_text().splitlines()]
+
+
+def assert_same_weights(a_dir: Path, b_dir: Path, atol: float = 1e-6) -> None:
+    a, b = load_file(a_dir / "model.safetensors"), load_file(b_dir / "model.safetensors")
+    assert a.keys() == b.keys()
+    for name in a:
+        torch.testing.assert_close(b[name], a[name], rtol=0, atol=atol, msg=name)
 
 
 def recompute(out: Path, task: str, files: dict, attn: str) -> dict:
@@ -157,10 +172,16 @@ def test_end_to_end(task, attn, tiny, tmp_path):
     out = tmp_path / "out"
     # sst2: local files with --task_name (the task's metric and label names) and a test file; others: inferred
     test_file = ["--task_name", "sst2", "--test_file", SAMPLE / "sst2" / "test.tsv"] if task == "sst2" else []
-    results = run(common(tiny, out, attn) + DATA[task] + test_file + ["--max_train_steps", 6, "--max_train_samples", 96])
+    # the default path: a short attention transfer, then fine-tuning
+    results = run(common(tiny, out, attn, transfer=3) + DATA[task] + test_file + ["--max_train_steps", 6, "--max_train_samples", 96])
 
     metric_keys = {k for k in results if k.startswith("eval_") and "samples" not in k}
     assert metric_keys == EXPECTED_METRICS[task]
+    transfer = results["attention_transfer"]
+    assert (transfer["steps"], transfer["stage2_steps"]) == (3, 0) and transfer["wall_time_s"] > 0
+    assert transfer["fidelity_texts"] == min(64, results["eval_samples"])  # validation texts (pairs as pairs)
+    for name in ("attention_relative_error_mean", "hidden_state_cosine", "embedding_cosine", "pairwise_spearman"):
+        assert set(transfer[name]) == {"before", "after"} and all(isinstance(v, float) for v in transfer[name].values())
     for key in metric_keys:
         low = -1.0 if task == "stsb" else 0.0
         assert low <= results[key] <= 1.0, (key, results[key])
@@ -173,12 +194,18 @@ def test_end_to_end(task, attn, tiny, tmp_path):
     assert len((out / "train_log.jsonl").read_text().splitlines()) == 6
     config = json.loads((out / "config.json").read_text())
     assert config["attn_implementation"] == attn
+    for option, value in hf_sliced_attn.MECHANISMS[attn].conversion_defaults.items():  # transferred: convert's options
+        assert config[hf_sliced_attn.CONFIG_KEY][option] == value, option
     # the saved head: one label per class of the data, named (GLUE names with --task_name), or one regression score
     expected_labels = {"sst2": ["negative", "positive"], "mrpc": ["0", "1"], "stsb": ["LABEL_0"], "mnli": ["0", "1", "2"]}
     assert [config["id2label"][str(i)] for i in range(len(config["id2label"]))] == expected_labels[task]
     assert config["problem_type"] == ("regression" if task == "stsb" else "single_label_classification")
     assert (out / "tokenizer.json").is_file() and (out / "README.md").is_file()
-    assert "---" in (out / "README.md").read_text()
+    card = (out / "README.md").read_text()
+    assert "---" in card and "## Attention transfer" in card and "3 steps matching" in card
+    after = transfer["embedding_cosine"]["after"]
+    assert f"| cosine of the mean-pooled embeddings | {transfer['embedding_cosine']['before']:.4f} | {after:.4f} |" in card
+    assert not (out / "transfer_checkpoints").exists()  # removed once the run is over
     for path in [*out.glob("*.json"), *out.glob("*.md"), *out.glob("*.jsonl")]:  # names, never local paths
         assert str(tiny) not in path.read_text() and str(out) not in path.read_text(), path.name
     if task == "sst2":  # predictions on the unlabeled test file, with the label names
@@ -198,13 +225,15 @@ def test_finetuned_head_label_order_is_kept(tmp_path):
 
 
 def test_multiprocess_counts_each_example_once(tiny, tmp_path):
-    """2 CPU processes: 101 validation examples (odd: padding duplicates would show) evaluated exactly once."""
+    """2 CPU processes: 101 validation examples (odd: padding duplicates would show) evaluated exactly once.
+    An attention transfer (its objective DDP-wrapped) runs first; the fine-tuning model is prepared after it."""
     out = tmp_path / "out"
     # accelerate's --cpu flag starts one process (several need mpirun); through torchrun on a machine
     # without GPUs the recipe runs N CPU processes over gloo.
     cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
            "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", str(RECIPE),
-           *map(str, common(tiny, out) + DATA["sst2"] + ["--max_train_steps", 3, "--max_train_samples", 64])]
+           *map(str, common(tiny, out, transfer=3) + DATA["sst2"] + ["--max_train_steps", 3, "--max_train_samples", 64,
+                                                                    "--checkpointing_steps", 2])]
     proc = subprocess.run(cmd, env=subprocess_env(), capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-4000:]
     results = json.loads((out / "all_results.json").read_text())
@@ -213,6 +242,9 @@ def test_multiprocess_counts_each_example_once(tiny, tmp_path):
     assert abs(hits - round(hits)) < 1e-6  # a count out of exactly 101 examples
     assert results["eval_accuracy"] == pytest.approx(recompute(out, "sst2", {"": DATA["sst2"][3]}, "sliced_relu")["eval_accuracy"])
     assert "processes = 2," in proc.stderr  # the recipe's log: really two processes
+    assert "Attention transfer done: 3 steps" in proc.stderr and results["attention_transfer"]["steps"] == 3
+    assert [r["step"] for r in log_of(out)] == [1, 2, 3] and len({round(r["loss"], 6) for r in log_of(out)}) > 1
+    assert json.loads((out / "step_2" / glue.STATE_FILE).read_text())["attention_transfer"] == results["attention_transfer"]
 
 
 # ----------------------------------------------------------------------------- resume
@@ -240,13 +272,17 @@ def test_resume_matches_uninterrupted(resume_step, tiny_dropout, tmp_path):
         assert y["loss"] == pytest.approx(x["loss"], abs=1e-6) and y["lr"] == pytest.approx(x["lr"])
 
 
-def test_resume_latest_picks_most_advanced(tiny, tmp_path):
+def test_resume_latest_picks_most_advanced(tiny, tmp_path, caplog):
     out = tmp_path / "out"
-    args = common(tiny, out) + DATA["sst2"] + ["--max_train_samples", 32, "--max_train_steps", 4, "--checkpointing_steps", 1]
+    args = (common(tiny, out, transfer=2) + DATA["sst2"]
+            + ["--max_train_samples", 32, "--max_train_steps", 4, "--checkpointing_steps", 1])
     first = run(args)
     assert glue.find_checkpoint(glue.parse_args([str(a) for a in args] + ["--resume_from_checkpoint", "latest"])).name == "step_4"
-    again = run(args + ["--resume_from_checkpoint", "latest"])  # nothing left to train: same model, same metrics
+    with caplog.at_level("INFO"):
+        again = run(args + ["--resume_from_checkpoint", "latest"])  # nothing left to train: same model, same metrics
     assert again["eval_accuracy"] == first["eval_accuracy"] and again["train_steps"] == 4
+    assert "Attention transfer not rerun" in caplog.text  # the fine-tuning checkpoint holds the transferred weights
+    assert again["attention_transfer"] == first["attention_transfer"]  # the record travels in the checkpoint
     log = [json.loads(l)["step"] for l in (out / "train_log.jsonl").read_text().splitlines()]
     assert log == [1, 2, 3, 4]
     # resuming in place from an earlier checkpoint drops the log lines of the updates redone
@@ -256,7 +292,7 @@ def test_resume_latest_picks_most_advanced(tiny, tmp_path):
 
 # ----------------------------------------------------------------------------- gradient accumulation
 def test_gradient_accumulation_matches_large_batch(tiny, tmp_path):
-    base = DATA["sst2"] + ["--max_train_samples", 64, "--max_train_steps", 4, "--seed", 3,
+    base = DATA["sst2"] + ["--max_train_samples", 64, "--max_train_steps", 4, "--seed", 3, "--attention_transfer_steps", 0,
                            "--model_name_or_path", tiny, "--attn_implementation", "sliced_relu", "--learning_rate", 1e-3]
     run(base + ["--output_dir", tmp_path / "big", "--per_device_train_batch_size", 32])
     run(base + ["--output_dir", tmp_path / "acc", "--per_device_train_batch_size", 8, "--gradient_accumulation_steps", 4])
@@ -279,9 +315,10 @@ def test_lora_trains_adapters_new_modules_and_head(attn, tiny, tmp_path):
     from transformers import AutoModelForSequenceClassification
 
     out = tmp_path / "out"
-    argv = [str(a) for a in common(tiny, out, attn) + DATA["sst2"] + ["--lora", "--max_train_steps", 3, "--max_train_samples", 48]]
+    argv = [str(a) for a in common(tiny, out, attn, transfer=2) + DATA["sst2"] + ["--lora", "--max_train_steps", 3,
+                                                                                  "--max_train_samples", 48]]
     args = glue.parse_args(argv)
-    model = glue.build_model(args, glue.build_config(args, 2, [0, 1], False))
+    model = glue.add_lora(args, glue.build_model(args, glue.build_config(args, 2, [0, 1], False)))
     new_modules = hf_sliced_attn.modules_to_save(model.get_base_model())
     assert new_modules
     trainable = [n for n, p in model.named_parameters() if p.requires_grad]
@@ -294,14 +331,235 @@ def test_lora_trains_adapters_new_modules_and_head(attn, tiny, tmp_path):
         assert "lora_" in name or "modules_to_save" in name, name
     assert any("word_embeddings" in n for n in frozen) and any("intermediate" in n for n in frozen)
 
-    results = run(argv)
-    assert 0.0 <= results["eval_accuracy"] <= 1.0
+    results = run(argv)  # a transfer (its own LoRA, merged), then fine-tuning LoRA (merged)
+    assert 0.0 <= results["eval_accuracy"] <= 1.0 and results["attention_transfer"]["steps"] == 2
     loaded, info = AutoModelForSequenceClassification.from_pretrained(out, output_loading_info=True)
     assert not info["missing_keys"] and not info["unexpected_keys"]
     assert not any("lora" in k or "modules_to_save" in k for k in load_file(out / "model.safetensors"))
     assert loaded.config._attn_implementation == attn
     # the saved (merged) model is the trained one: its accuracy is the reported one
     assert results["eval_accuracy"] == pytest.approx(recompute(out, "sst2", {"": DATA["sst2"][3]}, attn)["eval_accuracy"])
+
+
+# ----------------------------------------------------------------------------- attention transfer
+def recipe_parts(argv):
+    """The recipe's steps up to the attention transfer: (args, accelerator, data, tokenizer, model, processed)."""
+    args = glue.parse_args([str(a) for a in argv])
+    reset_accelerate()
+    accelerator = glue.make_accelerator(args)
+    data = glue.prepare_data(args)
+    config, tokenizer, model = glue.prepare_model(args, data)
+    return args, accelerator, data, tokenizer, model, glue.tokenize(args, data, tokenizer, config, accelerator)
+
+
+def test_transfer_trains_the_task_models_encoder(tiny, tmp_path, caplog):
+    """The step trains the task model's own encoder (LoRA merged into the attention projections, the mechanism's
+    modules), nothing else, brings its attention closer to softmax's, and leaves every parameter trainable."""
+    args, accelerator, data, tokenizer, model, processed = recipe_parts(
+        common(tiny, tmp_path / "o", transfer=20) + DATA["mrpc"] + ["--max_train_samples", 64])
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    with caplog.at_level("INFO"):
+        record = glue.transfer_attention_step(args, accelerator, model, tokenizer, data, processed)
+    after = dict(model.named_parameters())
+    assert after.keys() == before.keys()  # no adapter or wrapper left behind
+    changed = {n for n in before if not torch.equal(before[n], after[n])}
+    assert any(".sliced_" in n for n in changed) and any("attention.self.query.weight" in n for n in changed)
+    assert all(n.startswith("bert.encoder.layer.") and ".attention." in n for n in changed), changed
+    assert all(p.requires_grad for p in model.parameters())  # fine-tuning decides what trains
+    assert all(p.grad is None for p in model.parameters())  # no transfer gradient leaks into the first update
+    error = record["attention_relative_error_mean"]
+    assert record["steps"] == 20 and error["after"] < 0.5 * error["before"], error
+    assert "Attention transfer to sliced_relu" in caplog.text and "converted layers = [0, 1]" in caplog.text
+    assert "Attention transfer done: 20 steps" in caplog.text and "embedding_cosine" in caplog.text
+    assert (glue.transfer_checkpoint_dir(args) / "latest").is_file()  # kept until fine-tuning has a checkpoint
+
+
+def test_zero_transfer_steps_is_the_direct_path(tiny, tmp_path, caplog):
+    out = tmp_path / "out"
+    with caplog.at_level("INFO"):
+        results = run(common(tiny, out, transfer=0) + DATA["sst2"] + ["--max_train_steps", 2, "--max_train_samples", 32])
+    assert "attention_transfer" not in results
+    assert "Attention transfer skipped: --attention_transfer_steps 0" in caplog.text
+    options = json.loads((out / "config.json").read_text())[hf_sliced_attn.CONFIG_KEY]
+    assert options == hf_sliced_attn.MECHANISMS["sliced_relu"].make_config().to_dict()  # the config defaults
+    assert options["projection"] == "linear" and options["affine_output"] is False
+    assert "## Attention transfer" not in (out / "README.md").read_text()
+    assert not (out / "transfer_checkpoints").exists()
+
+
+def test_transfer_defaults(tiny, tmp_path):
+    args = glue.parse_args([str(a) for a in common(tiny, tmp_path / "o", transfer=None) + DATA["sst2"]])
+    assert args.attention_transfer_steps == glue.ATTENTION_TRANSFER_STEPS > 0
+    assert (args.attention_transfer_stage2_steps, args.attention_transfer_lr) == (0, 1e-3)
+    assert (args.attention_transfer_lora_r, args.attention_transfer_lora_alpha) == (32, 64)
+    assert args.attention_transfer_batch_size is None  # the train batch size
+    for attn in ("sdpa", "eager"):
+        assert glue.parse_args([str(a) for a in common(tiny, tmp_path / "o", attn) + DATA["sst2"]]).attention_transfer_steps == 0
+    assert glue.transfer_schedule(args).stage2_loss == hf_sliced_attn.MECHANISMS["sliced_relu"].transfer_defaults["stage2_loss"]
+
+
+def make_converted(tiny: Path, path: Path):
+    """A checkpoint converted to sliced_relu (its config holds the plugin's options)."""
+    from transformers import AutoConfig, AutoModel, AutoTokenizer
+
+    config = hf_sliced_attn.prepare_config(AutoConfig.from_pretrained(tiny), "sliced_relu", projection="mlp",
+                                           affine_output=True, num_slices=2)
+    converted = AutoModel.from_pretrained(tiny, config=config)
+    converted.save_pretrained(path)
+    AutoTokenizer.from_pretrained(tiny).save_pretrained(path)
+    return converted
+
+
+def test_a_converted_checkpoint_skips_the_transfer(tiny, tmp_path, caplog):
+    converted = make_converted(tiny, tmp_path / "converted")
+    out = tmp_path / "out"
+    with caplog.at_level("INFO"):  # the default steps: the transfer would run from a softmax checkpoint
+        results = run(common(tmp_path / "converted", out, transfer=None) + DATA["sst2"]
+                      + ["--max_train_steps", 2, "--max_train_samples", 32])
+    assert "attention_transfer" not in results
+    assert "Attention transfer skipped: the checkpoint is already converted" in caplog.text
+    saved = json.loads((out / "config.json").read_text())[hf_sliced_attn.CONFIG_KEY]
+    assert saved == converted.config.to_dict()[hf_sliced_attn.CONFIG_KEY]  # its own options, not convert's defaults
+
+
+def test_transfer_batches_are_a_function_of_seed_step_and_process(tiny, tmp_path):
+    args, _, _, tokenizer, model, processed = recipe_parts(
+        common(tiny, tmp_path / "o", transfer=3) + DATA["mrpc"] + ["--attention_transfer_batch_size", 4])
+    steps = 2 * len(processed["train"]) // 4  # two passes over the data: the stream cycles
+
+    def take(count, args=args, **process):
+        return list(itertools.islice(glue.transfer_batches(args, processed, tokenizer, model.base_model, **process), count))
+
+    first, again = take(steps), take(steps)
+    assert len(first) == steps and set(first[0]) == {"input_ids", "token_type_ids", "attention_mask"}  # no labels
+    assert all(b["input_ids"].shape[0] == 4 for b in first)
+    assert all(torch.equal(a["input_ids"], b["input_ids"]) for a, b in zip(first, again))
+    other_seed = take(3, args=glue.parse_args([str(a) for a in common(tiny, tmp_path / "o", transfer=3) + DATA["mrpc"]
+                                                 + ["--attention_transfer_batch_size", 4, "--seed", 7]]))
+    assert not torch.equal(other_seed[0]["input_ids"], first[0]["input_ids"])
+    rank0, rank1 = take(3, process_index=0, num_processes=2), take(3, process_index=1, num_processes=2)
+    for a, b in zip(rank0, rank1):  # each process its own texts
+        assert not torch.equal(a["input_ids"], b["input_ids"])
+
+
+def test_transfer_settings_are_converts_and_are_restored():
+    """During the transfer the accelerator is set as `convert` builds its own; after it the fine-tuning model is
+    prepared alone (the transfer's DDP-wrapped objective dropped)."""
+    from accelerate import Accelerator
+
+    reset_accelerate()
+    accelerator = Accelerator(gradient_accumulation_steps=4)
+    with glue.transfer_settings(accelerator):
+        assert accelerator.gradient_accumulation_steps == 1 and not accelerator.step_scheduler_with_optimizer
+        assert accelerator.ddp_handler.find_unused_parameters
+        accelerator.prepare(torch.nn.Linear(2, 2))
+    assert accelerator.gradient_accumulation_steps == 4 and accelerator.step_scheduler_with_optimizer
+    assert accelerator.ddp_handler is None and accelerator._models == []
+
+
+def interrupt_transfer_at(monkeypatch, step: int) -> None:
+    """Ctrl-C after transfer step ``step``: the transfer saves its checkpoint and the interrupt propagates."""
+    original = glue.transfer_attention
+
+    def interrupted(*args, **kwargs):
+        def on_step(done, loss):
+            if done == step:
+                raise KeyboardInterrupt
+        return original(*args, **kwargs, on_step=on_step)
+
+    monkeypatch.setattr(glue, "transfer_attention", interrupted)
+
+
+# 4 stage-1 steps then 2 of stage 2: interrupted in stage 1, and in stage 2 (a dropout model: the RNG must match too)
+@pytest.mark.parametrize("interrupt_step", [2, 5])
+def test_an_interrupted_transfer_resumes_to_the_same_weights(interrupt_step, tiny_dropout, tmp_path, monkeypatch, caplog):
+    args = DATA["sst2"] + ["--max_train_samples", 64, "--max_train_steps", 3, "--attention_transfer_stage2_steps", 2]
+    full = run(common(tiny_dropout, tmp_path / "full", transfer=4) + args)
+    out = tmp_path / "resumed"
+    with monkeypatch.context() as patch:
+        interrupt_transfer_at(patch, interrupt_step)
+        with pytest.raises(KeyboardInterrupt):
+            run(common(tiny_dropout, out, transfer=4) + args)
+    assert (out / "transfer_checkpoints" / "latest").is_file() and not (out / "all_results.json").exists()
+    with caplog.at_level("INFO"):
+        resumed = run(common(tiny_dropout, out, transfer=4) + args + ["--resume_from_checkpoint", "latest"])
+    assert f"(step {interrupt_step})" in caplog.text  # transfer.py: "Resuming attention transfer from ... (step N)"
+
+    assert_same_weights(tmp_path / "full", out)
+    for key, value in full.items():
+        if key.startswith("eval_"):
+            assert resumed[key] == pytest.approx(value, abs=1e-6), key
+    resumed["attention_transfer"].pop("wall_time_s"), full["attention_transfer"].pop("wall_time_s")
+    assert resumed["attention_transfer"] == full["attention_transfer"]  # the same fidelity, "before" saved with the state
+    assert [r["loss"] for r in log_of(out)] == pytest.approx([r["loss"] for r in log_of(tmp_path / "full")], abs=1e-6)
+    assert not (out / "transfer_checkpoints").exists()
+
+
+def test_a_run_interrupted_after_its_transfer_resumes_to_the_same_weights(tiny_dropout, tmp_path, caplog):
+    """A fine-tuning checkpoint holds the transferred weights (and the transfer's record): the transfer is not rerun."""
+    args = DATA["sst2"] + ["--max_train_samples", 64, "--max_train_steps", 6, "--checkpointing_steps", 2]
+    full = run(common(tiny_dropout, tmp_path / "full", transfer=3) + args)
+    with caplog.at_level("INFO"):
+        resumed = run(common(tiny_dropout, tmp_path / "resumed", transfer=3) + args
+                      + ["--resume_from_checkpoint", tmp_path / "full" / "step_2"])
+    assert "Attention transfer not rerun: fine-tuning resumes from step_2" in caplog.text
+    assert "Attention transfer to" not in caplog.text
+    assert_same_weights(tmp_path / "full", tmp_path / "resumed")
+    assert resumed["attention_transfer"] == full["attention_transfer"]
+    assert [r["step"] for r in log_of(tmp_path / "resumed")] == [3, 4, 5, 6]
+
+
+def test_the_finished_transfer_is_kept_until_fine_tuning_checkpoints(tiny, tmp_path, monkeypatch, caplog):
+    """Interrupted in fine-tuning before its first checkpoint, a run resumes from the finished transfer."""
+    data = DATA["sst2"] + ["--max_train_samples", 64, "--max_train_steps", 4]
+    full = run(common(tiny, tmp_path / "full", transfer=3) + data)
+    args = common(tiny, tmp_path / "out", transfer=3) + data
+    original = glue.finish_update
+
+    def interrupted(args, run_, position, *rest):
+        original(args, run_, position, *rest)
+        if position.completed_steps == 2:
+            raise KeyboardInterrupt
+
+    with monkeypatch.context() as patch:
+        patch.setattr(glue, "finish_update", interrupted)
+        with pytest.raises(KeyboardInterrupt):
+            run(args)
+    assert (tmp_path / "out" / "transfer_checkpoints" / "latest").is_file()
+    with caplog.at_level("INFO"):
+        resumed = run(args + ["--resume_from_checkpoint", "latest"])
+    assert "(step 3)" in caplog.text  # the finished transfer, loaded rather than redone
+    assert_same_weights(tmp_path / "full", tmp_path / "out")
+    assert resumed["eval_accuracy"] == full["eval_accuracy"]
+    assert not (tmp_path / "out" / "transfer_checkpoints").exists()
+
+
+def test_transfer_under_fsdp_names_the_fix(tiny, tmp_path):
+    """FSDP would shard the encoder for the transfer and again for fine-tuning: refused, with the ways out."""
+    from types import SimpleNamespace
+
+    from accelerate.utils import DistributedType
+
+    args, _, data, tokenizer, model, processed = recipe_parts(common(tiny, tmp_path / "o", transfer=3) + DATA["sst2"])
+    fsdp = SimpleNamespace(distributed_type=DistributedType.FSDP)
+    with pytest.raises(glue.RecipeError, match="hf-sliced-attn convert") as err:
+        glue.transfer_attention_step(args, fsdp, model, tokenizer, data, processed)
+    assert "FSDP" in str(err.value) and "--attention_transfer_steps 0" in str(err.value)
+
+
+def test_transfer_errors(capsys, tiny, tmp_path):
+    for attn in ("sdpa", "eager"):
+        expect_error(capsys, common(tiny, tmp_path / "o", attn) + DATA["sst2"] + ["--attention_transfer_steps", 5],
+                     "--attention_transfer_steps 5", f"not to {attn!r}", "Drop it", "--attn_implementation sliced_relu")
+    glue.parse_args([str(a) for a in common(tiny, tmp_path / "o", "sdpa") + DATA["sst2"] + ["--attention_transfer_steps", 0]])
+    expect_error(capsys, common(tiny, tmp_path / "o", transfer=-1) + DATA["sst2"],
+                 "--attention_transfer_steps must be >= 0", "got -1")
+    expect_error(capsys, common(tiny, tmp_path / "o", transfer=0) + DATA["sst2"] + ["--attention_transfer_stage2_steps", 2],
+                 "--attention_transfer_stage2_steps", "--attention_transfer_steps > 0")
+    empty = tmp_path / "empty.json"
+    empty.write_text("".join(json.dumps({"sentence": "", "label": i % 2}) + "\n" for i in range(8)))
+    expect_error(capsys, common(tiny, tmp_path / "o", transfer=3) + ["--train_file", empty, "--validation_file", empty],
+                 "['sentence']", "empty", "--text_columns", "--attention_transfer_steps 0")
 
 
 # ----------------------------------------------------------------------------- bad input
@@ -501,6 +759,7 @@ def test_softmax_baseline_runs_without_a_plugin_card(tiny, tmp_path, caplog):
     assert json.loads((out / "config.json").read_text()).get(hf_sliced_attn.CONFIG_KEY) is None
     assert not (out / "README.md").exists()
     assert "No model card written" in caplog.text
+    assert "Attention transfer skipped: 'sdpa' is softmax attention" in caplog.text and "attention_transfer" not in results
 
 
 @pytest.mark.parametrize("model, fragment", [
