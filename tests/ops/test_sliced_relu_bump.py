@@ -8,6 +8,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from hf_sliced_attn.ops import sliced_relu_bump
 from hf_sliced_attn.ops.naive import sliced_relu_bump_reference
+from tests.ops.test_sliced_relu import SHAPES as SLICED_SHAPES
 from tests.reference_checks import assert_matches_reference, outputs_and_grads, relative_error
 
 ALL_INPUTS = ("query_scalars", "key_scalars", "value", "bandwidth")
@@ -42,16 +43,8 @@ def _tensors(
     return {"query_scalars": s, "key_scalars": t, "value": v, "bandwidth": bandwidth, "key_padding_mask": mask}
 
 
-SHAPES = [
-    # batch, heads, slices (None: 3-D scalars and (H,) bandwidth), q_len, k_len, dim
-    (2, 3, None, 17, 17, 8),
-    (1, 2, 1, 64, 64, 16),
-    (2, 2, 3, 33, 70, 4),
-    (3, 1, 3, 130, 9, 5),
-    (1, 1, None, 1, 1, 3),
-    (2, 4, 2, 1, 200, 2),
-    (1, 2, None, 300, 1, 7),
-]
+SHAPES = SLICED_SHAPES
+"""The sliced ReLU op's shapes; with 3-D scalars (slices None) the bandwidth is (H,)."""
 
 
 @pytest.mark.parametrize("padded", [False, True])
