@@ -36,6 +36,7 @@ from .cards import base_model_license, render_conversion_card
 from .distributed import cpu_process_group_kwargs
 from .embedding_models import copy_sentence_transformers_files, sentence_transformers_folder
 from .fidelity import measure_fidelity
+from .hybrid import worst_layers
 from .integration import prepare_config
 from .mechanisms import CONFIG_KEY, MECHANISMS
 from .models import spec_for
@@ -190,7 +191,7 @@ def choose_layers(options: ConvertOptions, config: PretrainedConfig, teacher: Pr
     set_seed(options.seed)
     student = build_student(options, config).to(accelerator.device)
     layers = converted_layers(student)
-    if options.keep_softmax_layers >= len(layers):
+    if options.keep_softmax_layers >= len(layers):  # before the probe's work, as worst_layers would after it
         raise ValueError(f"keep_softmax_layers={options.keep_softmax_layers} leaves none of the {len(layers)} "
                          "layers to convert: keep fewer.")
     schedule = dataclasses.replace(options.transfer_schedule(), stage2_steps=0)
@@ -200,7 +201,7 @@ def choose_layers(options: ConvertOptions, config: PretrainedConfig, teacher: Pr
     errors = measure_fidelity(teacher, student.eval(), tokenizer, probe, layers=layers,
                               max_length=options.max_length)["attention_relative_error"]
     accelerator.free_memory()
-    worst = sorted(layers, key=lambda layer: errors[str(layer)], reverse=True)[: options.keep_softmax_layers]
+    worst = worst_layers(errors, options.keep_softmax_layers)
     return [layer for layer in layers if layer not in worst], errors
 
 

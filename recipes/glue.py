@@ -81,7 +81,7 @@ import torch
 import transformers
 from accelerate import Accelerator, DataLoaderConfiguration, DistributedDataParallelKwargs
 from accelerate.logging import get_logger
-from accelerate.utils import DistributedType, set_seed
+from accelerate.utils import DistributedType, broadcast_object_list, set_seed
 from datasets import DatasetDict, load_dataset
 from datasets.fingerprint import Hasher
 from torch.utils.data import DataLoader
@@ -103,6 +103,7 @@ from hf_sliced_attn.convert import TRANSFER_DEFAULTS
 from hf_sliced_attn.distributed import cpu_process_group_kwargs
 from hf_sliced_attn.fidelity import measure_fidelity
 from hf_sliced_attn.hub import hub_offline
+from hf_sliced_attn.hybrid import restore_softmax_layers, worst_layers
 from hf_sliced_attn.mechanisms import CONFIG_KEY, parse_layers
 from hf_sliced_attn.sources import ModelNotFoundError, hub_id_of, load_model_config
 from hf_sliced_attn.taps import converted_layers
@@ -154,7 +155,10 @@ BASE_ATTN_IMPLEMENTATIONS = ("sdpa", "eager")
 FILE_BUILDERS = {".csv": ("csv", {}), ".tsv": ("csv", {"delimiter": "\t"}), ".json": ("json", {}), ".jsonl": ("json", {})}
 STATE_FILE = "recipe_state.json"
 ATTENTION_TRANSFER_STEPS = 100
-"""Default stage-1 steps of the attention transfer that precedes fine-tuning a plugin mechanism."""
+"""Stage-1 steps of the attention transfer that precedes fine-tuning a plugin mechanism whose
+:attr:`~hf_sliced_attn.Mechanism.finetune_transfer_defaults` name none."""
+RANKING_TEXTS = 64
+"""Training texts on which --keep_softmax_layers ranks the layers by their attention error."""
 TRANSFER_CHECKPOINTS = "transfer_checkpoints"
 """Folder of --output_dir holding the attention transfer's checkpoint: an interrupted run resumes from it (a finished
 transfer too, until fine-tuning has a checkpoint of its own); removed then, or at the end of the run."""
@@ -253,17 +257,31 @@ def add_lora_arguments(lora) -> None:
 
 def add_transfer_arguments(transfer) -> None:
     transfer.add_argument("--attention_transfer_steps", type=int, default=None,
-                          help=f"Stage-1 steps (per-layer attention-output matching); 0 fine-tunes the new attention "
-                               f"directly from its fresh initialisation. Default: {ATTENTION_TRANSFER_STEPS} for a plugin "
-                               f"mechanism, none for sdpa/eager and converted checkpoints.")
-    transfer.add_argument("--attention_transfer_stage2_steps", type=int, default=0,
-                          help="Stage-2 steps (end-to-end distillation of the final hidden states) after stage 1.")
+                          help="Stage-1 steps (per-layer attention-output matching); 0 fine-tunes the new attention "
+                               "directly from its fresh initialisation. Default: the mechanism's measured best "
+                               f"({finetune_defaults_text('steps', ATTENTION_TRANSFER_STEPS)}), none for sdpa/eager and "
+                               "converted checkpoints.")
+    transfer.add_argument("--attention_transfer_stage2_steps", type=int, default=None,
+                          help="Stage-2 steps (end-to-end distillation of the final hidden states) after stage 1. "
+                               f"Default: the mechanism's ({finetune_defaults_text('stage2_steps', 0)}).")
     transfer.add_argument("--attention_transfer_lr", type=float, default=1e-3, help="Stage-1 peak learning rate.")
     transfer.add_argument("--attention_transfer_lora_r", type=int, default=32,
                           help="Rank of the LoRA on the attention projections that the transfer trains (merged after).")
     transfer.add_argument("--attention_transfer_lora_alpha", type=int, default=64, help="Its LoRA alpha.")
     transfer.add_argument("--attention_transfer_batch_size", type=int, default=None,
                           help="Texts per transfer step and process. Default: --per_device_train_batch_size.")
+    transfer.add_argument("--keep_softmax_layers", type=int, default=None,
+                          help="After the transfer, return the N converted layers whose attention error on training "
+                               "text stays largest to the checkpoint's softmax attention (saved in config.json as an "
+                               "explicit --layers list); 0 keeps every layer converted. Default: the mechanism's "
+                               f"measured best ({finetune_defaults_text('keep_softmax_layers', 0)}), at most half the "
+                               "converted layers; 0 without a transfer or with a --layers list.")
+
+
+def finetune_defaults_text(name: str, fallback: int) -> str:
+    """"sliced_relu 100, rela 150": each mechanism's default of a transfer setting before fine-tuning, for --help."""
+    return ", ".join(f"{mechanism.name} {mechanism.finetune_transfer_defaults.get(name, fallback)}"
+                     for mechanism in hf_sliced_attn.MECHANISMS.values())
 
 
 def add_training_arguments(train) -> None:
@@ -372,10 +390,28 @@ def validate_transfer_args(args) -> None:
             raise RecipeError(f"--{flag} must be >= 1, got {getattr(args, flag)}.")
     if args.attention_transfer_lr <= 0:
         raise RecipeError(f"--attention_transfer_lr must be > 0, got {args.attention_transfer_lr}.")
+    defaults = hf_sliced_attn.MECHANISMS[args.attn_implementation].finetune_transfer_defaults if plugin else {}
     if args.attention_transfer_steps is None:
-        args.attention_transfer_steps = ATTENTION_TRANSFER_STEPS if plugin else 0
+        args.attention_transfer_steps = defaults.get("steps", ATTENTION_TRANSFER_STEPS) if plugin else 0
+    if args.attention_transfer_stage2_steps is None:
+        args.attention_transfer_stage2_steps = defaults.get("stage2_steps", 0) if args.attention_transfer_steps else 0
     if args.attention_transfer_stage2_steps and not args.attention_transfer_steps:
         raise RecipeError("--attention_transfer_stage2_steps follows stage 1: it needs --attention_transfer_steps > 0.")
+    validate_keep_softmax_layers(args, plugin)
+
+
+def validate_keep_softmax_layers(args, plugin: bool) -> None:
+    """Check a given --keep_softmax_layers (left out, :func:`softmax_layer_count` resolves it)."""
+    given = args.keep_softmax_layers
+    if given is not None and given < 0:
+        raise RecipeError(f"--keep_softmax_layers must be >= 0 (0: every layer converted), got {given}.")
+    if given and not (plugin and args.attention_transfer_steps):
+        raise RecipeError(f"--keep_softmax_layers {given} chooses the layers by their attention error after the "
+                          f"transfer: it needs --attention_transfer_steps > 0 (and a plugin mechanism), or pass "
+                          f"--layers with the indices to convert.")
+    if given and isinstance(args.layers, list):
+        raise RecipeError(f"--keep_softmax_layers chooses the layers itself: give it or --layers {args.layers}, not "
+                          f"both (--keep_softmax_layers 0 keeps the given list).")
 
 
 def attention_options(args) -> dict[str, Any]:
@@ -622,7 +658,9 @@ def transfer_attention_step(args, accelerator: Accelerator, model, tokenizer, da
     back after. Returns the record for all_results.json and the card (None when no transfer precedes fine-tuning)."""
     reason, resuming = transfer_skip_reason(args), resume_point(args)
     if reason is not None:
-        logger.info(f"Attention transfer skipped: {reason}.")
+        logger.info(f"Attention transfer skipped: {reason}" + (
+            f"; --keep_softmax_layers {args.keep_softmax_layers} is not applied either."
+            if args.keep_softmax_layers else "."))
         if resuming == "transfer":
             logger.warning(f"The interrupted attention transfer in {TRANSFER_CHECKPOINTS} is not resumed: fine-tuning "
                            f"starts from the beginning.")
@@ -630,7 +668,10 @@ def transfer_attention_step(args, accelerator: Accelerator, model, tokenizer, da
     if resuming == "fine-tuning":
         checkpoint = find_checkpoint(args)
         logger.info(f"Attention transfer not rerun: fine-tuning resumes from {checkpoint.name}, which holds its weights.")
-        return json.loads((checkpoint / STATE_FILE).read_text()).get("attention_transfer")
+        record = json.loads((checkpoint / STATE_FILE).read_text()).get("attention_transfer")
+        if record and record.get("softmax_layers"):  # the layers the transfer returned to softmax, as then
+            restore_softmax_layers(model.base_model, load_teacher(args), record["softmax_layers"]["layers"])
+        return record
     if accelerator.distributed_type in (DistributedType.FSDP, DistributedType.DEEPSPEED):
         raise RecipeError(
             f"Attention transfer does not run under {accelerator.distributed_type.value} (it would shard the encoder "
@@ -640,9 +681,12 @@ def transfer_attention_step(args, accelerator: Accelerator, model, tokenizer, da
     check_transfer_text(args, data)
     model.to(accelerator.device).eval()  # no dropout: a transfer step depends on its batch only
     encoder, schedule = model.base_model, transfer_schedule(args)
-    teacher = AutoModel.from_pretrained(args.model_name_or_path, attn_implementation="sdpa")
-    teacher = teacher.eval().requires_grad_(False).to(accelerator.device)
-    layers, texts = converted_layers(encoder), fidelity_texts(data)
+    teacher = load_teacher(args).to(accelerator.device)
+    layers, texts = converted_layers(encoder), text_inputs(data, "validation", FIDELITY_TEXTS)
+    keep = softmax_layer_count(args, len(layers))
+    if keep >= len(layers):  # said before the transfer's work, not after it
+        raise RecipeError(f"--keep_softmax_layers {keep} leaves none of the {len(layers)} converted layers {layers} "
+                          f"to convert: keep fewer (0 keeps them all converted).")
     state = {"fingerprint": transfer_fingerprint(args, model, processed, accelerator)}
     if resuming != "transfer":
         state["before"] = transfer_fidelity(args, teacher, encoder, tokenizer, texts, layers)
@@ -664,12 +708,50 @@ def transfer_attention_step(args, accelerator: Accelerator, model, tokenizer, da
     student.merge_and_unload()  # into the encoder, in place: the task model holds the trained weights
     model.requires_grad_(True)  # as loaded; fine-tuning (and --lora) decide what trains
     model.zero_grad(set_to_none=True)  # the last transfer step's gradients must not reach fine-tuning's first update
-    after = transfer_fidelity(args, teacher, encoder, tokenizer, texts, layers)
+    kept = keep_softmax_layers_step(args, keep, teacher, encoder, tokenizer, data)
+    after = transfer_fidelity(args, teacher, encoder, tokenizer, texts, converted_layers(encoder))
     record = transfer_record(args, schedule, state, after, len(texts))
+    if kept is not None:
+        record["softmax_layers"] = kept
     logger.info(f"Attention transfer done: {schedule.total_steps} steps in {record['wall_time_s']:.1f} s; "
                 f"{describe_fidelity(record)}")
     set_seed(args.seed)  # fine-tuning starts from the same random state, resumed transfer or not
     return record
+
+
+def load_teacher(args):
+    """The softmax checkpoint's encoder (sdpa), frozen and in eval mode: the transfer's teacher."""
+    teacher = AutoModel.from_pretrained(args.model_name_or_path, attn_implementation="sdpa")
+    return teacher.eval().requires_grad_(False)
+
+
+def keep_softmax_layers_step(args, count: int, teacher, encoder, tokenizer, data: GlueData) -> dict | None:
+    """Rank the converted layers of the transferred ``encoder`` by their attention error on RANKING_TEXTS training
+    texts (each layer fed the teacher's inputs) and return the ``count`` worst to the checkpoint's softmax attention
+    (:mod:`hf_sliced_attn.hybrid`, as ``hf-sliced-attn convert --keep-softmax-layers`` chooses them). Returns the
+    record for all_results.json (the layers and every layer's error), or None when ``count`` is 0."""
+    if not count:
+        return None
+    texts = text_inputs(data, "train", RANKING_TEXTS)
+    errors = measure_fidelity(teacher, encoder.eval(), tokenizer, texts, layers=converted_layers(encoder),
+                              max_length=args.max_length)["attention_relative_error"]
+    # Every process restores the same layers: the main process's ranking.
+    layers = broadcast_object_list([worst_layers(errors, count)])[0]
+    remaining = restore_softmax_layers(encoder, teacher, layers)
+    logger.info(f"Kept on softmax: layers {layers} (attention error on {len(texts)} training texts: "
+                f"{', '.join(f'{k}: {v:.3f}' for k, v in errors.items())}); {args.attn_implementation} in {remaining}.")
+    return {"layers": layers, "attention_relative_error": errors, "ranking_texts": len(texts)}
+
+
+def softmax_layer_count(args, converted: int) -> int:
+    """How many of the ``converted`` layers go back to softmax: --keep_softmax_layers when given; else 0 with a
+    --layers list (the user chose), else the mechanism's default, at most half the converted layers."""
+    if args.keep_softmax_layers is not None:
+        return args.keep_softmax_layers
+    if isinstance(args.layers, list):
+        return 0
+    default = hf_sliced_attn.MECHANISMS[args.attn_implementation].finetune_transfer_defaults.get("keep_softmax_layers", 0)
+    return min(default, converted // 2)
 
 
 FIDELITY_METRICS = ("attention_relative_error_mean", "hidden_state_cosine", "embedding_cosine", "pairwise_spearman")
@@ -733,17 +815,17 @@ def transfer_settings(accelerator: Accelerator):
         accelerator.free_memory()  # drops the DDP wrapper of the transfer's objective, and its optimizer
 
 
-def fidelity_texts(data: GlueData) -> list:
-    """Up to FIDELITY_TEXTS validation inputs without empty text: strings, or (first, second) pairs, which the
+def text_inputs(data: GlueData, split: str, count: int) -> list:
+    """Up to ``count`` inputs of ``split`` without empty text: strings, or (first, second) pairs, which the
     tokenizer encodes as the task's pairs (joined into one string, they would lose the second segment's token
     type ids, and the fidelity would be measured on inputs unlike the ones trained on)."""
-    validation, columns = data.raw["validation"], [key for key in data.keys if key]
+    rows, columns = data.raw[split], [key for key in data.keys if key]
     texts = []
-    for row in validation.select_columns(columns):
+    for row in rows.select_columns(columns):
         parts = tuple(str(row[c]).strip() if row[c] is not None else "" for c in columns)
         if all(parts):
             texts.append(parts if len(parts) == 2 else parts[0])
-        if len(texts) == FIDELITY_TEXTS:
+        if len(texts) == count:
             break
     return texts
 

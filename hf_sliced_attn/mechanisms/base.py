@@ -146,6 +146,9 @@ class Mechanism:
             measured best for converting a softmax checkpoint; the config's defaults stay the paper's).
         transfer_defaults: the transfer's settings that measure best for this mechanism (fields of
             :class:`hf_sliced_attn.convert.ConvertOptions`: ``steps``, ``lora_r``, ``keep_softmax_layers``, ...).
+        finetune_transfer_defaults: the settings of the shorter transfer that precedes fine-tuning in the GLUE
+            recipe (``steps``, ``stage2_steps``, ``keep_softmax_layers``), the measured best on the quality
+            benchmark within its time budget (transfer and fine-tuning at most twice softmax's fine-tuning).
     """
 
     config_class: type[MechanismConfig]
@@ -158,6 +161,7 @@ class Mechanism:
     description: str
     conversion_defaults: Mapping[str, Any] = field(default_factory=dict)
     transfer_defaults: Mapping[str, Any] = field(default_factory=dict)
+    finetune_transfer_defaults: Mapping[str, Any] = field(default_factory=dict)
 
     @property
     def name(self) -> str:

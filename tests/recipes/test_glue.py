@@ -356,7 +356,7 @@ def test_transfer_trains_the_task_models_encoder(tiny, tmp_path, caplog):
     """The step trains the task model's own encoder (LoRA merged into the attention projections, the mechanism's
     modules), nothing else, brings its attention closer to softmax's, and leaves every parameter trainable."""
     args, accelerator, data, tokenizer, model, processed = recipe_parts(
-        common(tiny, tmp_path / "o", transfer=20) + DATA["mrpc"] + ["--max_train_samples", 64])
+        common(tiny, tmp_path / "o", transfer=20) + DATA["mrpc"] + ["--max_train_samples", 64, "--keep_softmax_layers", 0])
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
     with caplog.at_level("INFO"):
         record = glue.transfer_attention_step(args, accelerator, model, tokenizer, data, processed)
@@ -387,15 +387,73 @@ def test_zero_transfer_steps_is_the_direct_path(tiny, tmp_path, caplog):
     assert not (out / "transfer_checkpoints").exists()
 
 
+@pytest.mark.parametrize("attn", MECHANISMS)
+def test_transfer_defaults_are_the_mechanisms(attn, tiny, tmp_path):
+    defaults = hf_sliced_attn.MECHANISMS[attn].finetune_transfer_defaults
+    args = glue.parse_args([str(a) for a in common(tiny, tmp_path / "o", attn, transfer=None) + DATA["sst2"]])
+    assert args.attention_transfer_steps == defaults["steps"] > 0
+    assert args.attention_transfer_stage2_steps == defaults["stage2_steps"]
+    count = defaults["keep_softmax_layers"]
+    assert [glue.softmax_layer_count(args, n) for n in (6, 2 * count, 1)] == [count, count, 0]  # at most half
+    with_list = glue.parse_args([str(a) for a in common(tiny, tmp_path / "o", attn, transfer=None) + DATA["sst2"]
+                                 + ["--layers", "0,1"]])
+    assert glue.softmax_layer_count(with_list, 6) == 0  # the user chose the layers
+
+
 def test_transfer_defaults(tiny, tmp_path):
     args = glue.parse_args([str(a) for a in common(tiny, tmp_path / "o", transfer=None) + DATA["sst2"]])
-    assert args.attention_transfer_steps == glue.ATTENTION_TRANSFER_STEPS > 0
-    assert (args.attention_transfer_stage2_steps, args.attention_transfer_lr) == (0, 1e-3)
+    assert args.attention_transfer_lr == 1e-3
     assert (args.attention_transfer_lora_r, args.attention_transfer_lora_alpha) == (32, 64)
     assert args.attention_transfer_batch_size is None  # the train batch size
     for attn in ("sdpa", "eager"):
         assert glue.parse_args([str(a) for a in common(tiny, tmp_path / "o", attn) + DATA["sst2"]]).attention_transfer_steps == 0
     assert glue.transfer_schedule(args).stage2_loss == hf_sliced_attn.MECHANISMS["sliced_relu"].transfer_defaults["stage2_loss"]
+
+
+def test_keep_softmax_layers_returns_the_worst_layer_to_softmax(tiny, tmp_path, caplog):
+    """After the transfer, the layer of largest attention error on training text is the checkpoint's softmax layer
+    again (its weights, no plugin module); the other keeps its trained attention; config.json lists it."""
+    from transformers import AutoModel
+
+    args, accelerator, data, tokenizer, model, processed = recipe_parts(
+        common(tiny, tmp_path / "o", transfer=10) + DATA["sst2"] + ["--max_train_samples", 64, "--keep_softmax_layers", 1])
+    with caplog.at_level("INFO"):
+        record = glue.transfer_attention_step(args, accelerator, model, tokenizer, data, processed)
+    errors = record["softmax_layers"]["attention_relative_error"]
+    worst = max(errors, key=errors.get)
+    assert record["softmax_layers"]["layers"] == [int(worst)] and set(errors) == {"0", "1"}
+    other = 1 - int(worst)
+    assert getattr(model.config, hf_sliced_attn.CONFIG_KEY)["layers"] == [other]
+    original = AutoModel.from_pretrained(tiny).encoder.layer
+    for index, layer in enumerate(model.bert.encoder.layer):
+        attention = layer.attention.self
+        plugin = [name for name, _ in attention.named_children() if name.startswith("sliced_")]
+        same = torch.equal(attention.query.weight, original[index].attention.self.query.weight)
+        assert (plugin == [] and same) if index == int(worst) else (plugin != [] and not same)
+    assert f"Kept on softmax: layers [{worst}]" in caplog.text
+
+
+def test_a_hybrid_run_saves_and_reloads_its_layers(tiny, tmp_path):
+    """The recipe's default on a 2-layer model keeps one layer on softmax (at most half); the saved model reloads
+    as that hybrid and reproduces its outputs."""
+    from transformers import AutoModelForSequenceClassification
+
+    out = tmp_path / "out"
+    results = run(common(tiny, out, transfer=None) + DATA["sst2"] + ["--attention_transfer_steps", 3,
+                                                                     "--max_train_steps", 2, "--max_train_samples", 32])
+    kept = results["attention_transfer"]["softmax_layers"]["layers"]
+    assert len(kept) == 1
+    saved = json.loads((out / "config.json").read_text())[hf_sliced_attn.CONFIG_KEY]
+    assert saved["layers"] == [i for i in (0, 1) if i not in kept]
+    assert f"Layer {kept[0]}, whose attention error" in " ".join((out / "README.md").read_text().split())
+    model = AutoModelForSequenceClassification.from_pretrained(out).eval()
+    names = {n for n, _ in model.named_parameters()}
+    assert not any(n.startswith(f"bert.encoder.layer.{kept[0]}.") and ".sliced_" in n for n in names)
+    assert any(".sliced_" in n for n in names)
+    inputs = {"input_ids": torch.tensor([[101, 2023, 2003, 102]]), "attention_mask": torch.ones(1, 4, dtype=torch.long)}
+    with torch.no_grad():
+        again = AutoModelForSequenceClassification.from_pretrained(out).eval()
+        assert torch.equal(model(**inputs).logits, again(**inputs).logits)
 
 
 def make_converted(tiny: Path, path: Path):
@@ -556,6 +614,20 @@ def test_transfer_errors(capsys, tiny, tmp_path):
                  "--attention_transfer_steps must be >= 0", "got -1")
     expect_error(capsys, common(tiny, tmp_path / "o", transfer=0) + DATA["sst2"] + ["--attention_transfer_stage2_steps", 2],
                  "--attention_transfer_stage2_steps", "--attention_transfer_steps > 0")
+    expect_error(capsys, common(tiny, tmp_path / "o", transfer=3) + DATA["sst2"] + ["--keep_softmax_layers", -1],
+                 "--keep_softmax_layers must be >= 0", "got -1")
+    expect_error(capsys, common(tiny, tmp_path / "o", transfer=0) + DATA["sst2"] + ["--keep_softmax_layers", 1],
+                 "--keep_softmax_layers 1", "--attention_transfer_steps > 0", "--layers")
+    expect_error(capsys, common(tiny, tmp_path / "o", "sdpa") + DATA["sst2"] + ["--keep_softmax_layers", 1],
+                 "--keep_softmax_layers 1", "plugin mechanism")
+    expect_error(capsys, common(tiny, tmp_path / "o", transfer=3) + DATA["sst2"] + ["--keep_softmax_layers", 1,
+                                                                                   "--layers", "0"],
+                 "give it or --layers [0], not both")
+    args, accelerator, data, tokenizer, model, processed = recipe_parts(
+        common(tiny, tmp_path / "o", transfer=3) + DATA["sst2"] + ["--keep_softmax_layers", 2])
+    with pytest.raises(glue.RecipeError, match=r"leaves none of the 2 converted layers \[0, 1\]"):
+        glue.transfer_attention_step(args, accelerator, model, tokenizer, data, processed)
+    assert not glue.transfer_checkpoint_dir(args).exists()  # refused before any transfer work
     empty = tmp_path / "empty.json"
     empty.write_text("".join(json.dumps({"sentence": "", "label": i % 2}) + "\n" for i in range(8)))
     expect_error(capsys, common(tiny, tmp_path / "o", transfer=3) + ["--train_file", empty, "--validation_file", empty],
