@@ -3,7 +3,7 @@
 On :func:`register` (run by ``import hf_sliced_attn``):
 
 * ``AttentionInterface`` gets the attention function of every registered mechanism and ``AttentionMaskInterface``
-  gets a 2D padding-mask builder for each (never an O(T^2) mask).
+  gets :func:`padding_mask`, a 2D padding-mask builder, for each (never an O(T^2) mask).
 * The self-attention classes of the supported architectures (:mod:`hf_sliced_attn.models`)
   gain the new module at construction when the config asks for a mechanism, and their
   ``PreTrainedModel`` initialises it in ``_init_weights``; so the parameters exist before
@@ -18,9 +18,10 @@ from __future__ import annotations
 import functools
 from typing import Any
 
+import torch
 from torch import nn
 from transformers import AttentionInterface, PretrainedConfig, PreTrainedModel
-from transformers.masking_utils import AttentionMaskInterface, flash_attention_mask
+from transformers.masking_utils import AttentionMaskInterface
 
 from .attention import LAYER_MODE_ATTR, SOFTMAX, attention_function
 from .mechanisms import CONFIG_KEY, MECHANISMS, Mechanism, MechanismConfig, PluginModule
@@ -202,9 +203,27 @@ def _patch_unsupported_architecture_check() -> None:
     PreTrainedModel.get_correct_attn_implementation = get_correct_attn_implementation
 
 
+def padding_mask(
+    batch_size: int, q_length: int, kv_length: int, *, attention_mask: torch.Tensor | None = None, **kwargs: Any
+) -> torch.Tensor | None:
+    """The mask builder of every mechanism: the (B, Tk) bool padding mask (True = real token),
+    the last ``kv_length`` columns of ``attention_mask``, never an O(T^2) mask.
+
+    In eager mode a mask without padding becomes None, which lets the ops skip their masking.
+    Under ``torch.compile`` the mask is kept as is: the check would be a data-dependent branch
+    (a graph break), and an all-True mask gives the same outputs as None.
+    """
+    if attention_mask is None:
+        return None
+    attention_mask = attention_mask[:, -kv_length:]
+    if torch.compiler.is_compiling() or attention_mask.shape[1] != kv_length:
+        return attention_mask
+    return None if bool(attention_mask.all()) else attention_mask
+
+
 def _register_with_transformers(mechanism: Mechanism) -> None:
     AttentionInterface.register(mechanism.name, attention_function(mechanism))
-    AttentionMaskInterface.register(mechanism.name, flash_attention_mask)
+    AttentionMaskInterface.register(mechanism.name, padding_mask)
 
 
 _registered = False

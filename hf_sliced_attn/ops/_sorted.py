@@ -45,6 +45,7 @@ __all__ = [
     "check_scalar_shapes",
     "chunks",
     "exclusive_cumsum",
+    "has_padding",
     "prefix_at",
     "ranks_among_keys",
     "ranks_among_queries",
@@ -93,6 +94,15 @@ def valid_keys(value: Tensor, key_padding_mask: Tensor | None) -> Tensor:
     if key_padding_mask is None:
         return torch.ones(value.shape[0], value.shape[2], dtype=torch.bool, device=value.device)
     return key_padding_mask.to(device=value.device, dtype=torch.bool)
+
+
+def has_padding(valid: Tensor) -> bool:
+    """Whether any key of valid (B, Tk) bool is padded: the ops mask padded keys only then.
+
+    Always True under ``torch.compile``: reading a tensor's value is a graph break there, and
+    masking without padded keys changes nothing.
+    """
+    return torch.compiler.is_compiling() or not bool(valid.all())
 
 
 def blocked_cumsum_(x: Tensor) -> Tensor:

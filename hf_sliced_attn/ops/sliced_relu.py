@@ -55,6 +55,7 @@ from ._sorted import (
     check_scalar_shapes,
     chunks,
     exclusive_cumsum,
+    has_padding,
     prefix_at,
     ranks_among_keys,
     ranks_among_queries,
@@ -217,7 +218,7 @@ class _SlicedReLUFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, s: Tensor, t: Tensor, v: Tensor, valid: Tensor) -> Tensor:
         work = compute_dtype(v.dtype)
-        padded = not bool(valid.all())
+        padded = has_padding(valid)
         out, order, u, residual, at_queries = _forward(s, t, v, valid, padded, work)
         if any(ctx.needs_input_grad[:3]):
             ctx.state = (order, u, residual, at_queries, valid, padded)

@@ -93,6 +93,7 @@ from ._sorted import (
     check_scalar_shapes,
     chunks,
     exclusive_cumsum,
+    has_padding,
     prefix_at,
     ranks_among_keys,
     ranks_among_queries,
@@ -150,11 +151,11 @@ def _find_windows(s: Tensor, t: Tensor, valid: Tensor, bandwidth: Tensor) -> _Wi
 
 def _chunk_ranks(ranks: Tensor, lo: int, hi: int) -> Tensor:
     """The ranks of rows [lo, hi) to read, (hi - lo, M, K * L): l, c, r, and c' only when
-    the chunk has a tie (c' > c)."""
+    the chunk has a tie (c' > c). Under ``torch.compile`` c' is always read: whether there is
+    a tie is data-dependent (a graph break), and the tie correction is 0 without one."""
     ranks = ranks[lo:hi]
-    if not bool((ranks[:, :, _AT_OR_BELOW] > ranks[:, :, _BELOW]).any()):
-        ranks = ranks[:, :, :_AT_OR_BELOW]
-    return ranks.flatten(-2)
+    tied = torch.compiler.is_compiling() or bool((ranks[:, :, _AT_OR_BELOW] > ranks[:, :, _BELOW]).any())
+    return (ranks if tied else ranks[:, :, :_AT_OR_BELOW]).flatten(-2)
 
 
 def _window_sums(at: Tensor, centre: Tensor, out: Tensor) -> Tensor:
@@ -293,7 +294,7 @@ class _SlicedReLUBumpFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, s: Tensor, t: Tensor, v: Tensor, bandwidth: Tensor, valid: Tensor, keep: bool) -> Tensor:
         work = compute_dtype(v.dtype)
-        padded = not bool(valid.all())
+        padded = has_padding(valid)
         out, windows, u, mean, saved = _forward(s, t, v, bandwidth, valid, padded, work, keep)
         if keep:
             ctx.state = (windows, u, mean, saved)
@@ -320,7 +321,8 @@ class _SlicedReLUBumpFunction(torch.autograd.Function):
 
 def _check_bandwidth(bandwidth: Tensor, query_scalars: Tensor) -> None:
     """Raise ValueError unless bandwidth is (H,) for (B, H, Tq) scalars or (H, M) for
-    (B, H, M, Tq) scalars, and positive."""
+    (B, H, M, Tq) scalars, and positive. Under ``torch.compile`` the sign is checked by the
+    graph when it runs (a RuntimeError): reading the values while tracing is a graph break."""
     expected = tuple(query_scalars.shape[1:-1])
     if tuple(bandwidth.shape) != expected:
         name = "(H,)" if len(expected) == 1 else "(H, M)"
@@ -328,11 +330,11 @@ def _check_bandwidth(bandwidth: Tensor, query_scalars: Tensor) -> None:
             f"bandwidth must have shape {name} = {expected} for query_scalars of shape "
             f"{tuple(query_scalars.shape)}, got {tuple(bandwidth.shape)}"
         )
-    if not bool((bandwidth > 0).all()):
-        raise ValueError(
-            "bandwidth must be positive (it is the kernel's half-width b itself, not a pre-softplus "
-            f"parameter), got a minimum of {bandwidth.min().item()}"
-        )
+    positive = "bandwidth must be positive (it is the kernel's half-width b itself, not a pre-softplus parameter)"
+    if torch.compiler.is_compiling():
+        torch._assert_async((bandwidth > 0).all(), positive)
+    elif not bool((bandwidth > 0).all()):
+        raise ValueError(f"{positive}, got a minimum of {bandwidth.min().item()}")
 
 
 def sliced_relu_bump(
