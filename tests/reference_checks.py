@@ -41,7 +41,7 @@ def outputs_and_grads(
     if not differentiable:
         return out, {}
     grad_output = torch.randn(out.shape, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
-    grads = torch.autograd.grad(out, [leaves[n] for n in differentiable], grad_output.to(out.dtype),
+    grads = torch.autograd.grad(out, [leaves[n] for n in differentiable], grad_output.to(out.device, out.dtype),
                                 allow_unused=True)
     return out, {n: torch.zeros_like(leaves[n]) if g is None else g for n, g in zip(differentiable, grads)}
 

@@ -23,10 +23,13 @@ does the shared part, every group at once:
   at given ranks, a chunk of (batch, head) rows at a time.
 
 Conventions: the scalar state has shapes (B*H, M, ·) in float64; D-wide tensors live in
-the op's work dtype (float32, or float64 for float64 inputs). Sequence scans use a blocked
-scan (rows added one at a time inside blocks of 64, then block carries), several times
-faster on CPU than ``torch.cumsum`` along the sequence, and the D-wide work is done a few
-heads at a time (:func:`chunks`) so that it stays in cache, in one scratch buffer per call.
+the op's work dtype (float32, or float64 for float64 inputs). The float64 scalar work is
+O(M·T) per head, never D-wide, so it stays cheap on GPUs with slow float64 too, and it is
+what keeps the denominators exact at long T. Sequence scans (:func:`prefix_sum_`) pick
+their implementation by device: a blocked scan (rows added one at a time inside blocks of
+64, then block carries) on CPU, several times faster there than ``torch.cumsum`` along the
+sequence, and ``torch.cumsum`` elsewhere. The D-wide work is done a few heads at a time
+(:func:`chunks`) so that it stays in cache, in one scratch buffer per call.
 """
 
 from __future__ import annotations
@@ -40,13 +43,13 @@ from ._common import check_key_padding_mask
 
 __all__ = [
     "SortedScalars",
-    "blocked_cumsum_",
     "centred_values",
     "check_scalar_shapes",
     "chunks",
     "exclusive_cumsum",
     "has_padding",
     "prefix_at",
+    "prefix_sum_",
     "ranks_among_keys",
     "ranks_among_queries",
     "scratch",
@@ -105,12 +108,25 @@ def has_padding(valid: Tensor) -> bool:
     return torch.compiler.is_compiling() or not bool(valid.all())
 
 
-def blocked_cumsum_(x: Tensor) -> Tensor:
-    """Inclusive prefix sum of x (..., L, C) along dim -2, in place.
+def prefix_sum_(x: Tensor) -> Tensor:
+    """Inclusive prefix sum of x (..., L, C) along dim -2, in place, by the scan that suits x's device.
+
+    On CPU, :func:`_blocked_cumsum_`: ``torch.cumsum`` along a non-last dim scans each column
+    at stride C there, several times slower than the blocked scan. On other devices (CUDA)
+    ``torch.cumsum``, one parallel scan kernel, where the blocked scan's 64 sequential row
+    additions would be 64 kernel launches. The caller never chooses.
+    """
+    if x.device.type != "cpu":
+        return x.cumsum_(-2)
+    return _blocked_cumsum_(x)
+
+
+def _blocked_cumsum_(x: Tensor) -> Tensor:
+    """Inclusive prefix sum of x (..., L, C) along dim -2, in place, for CPU.
 
     Rows are added one at a time inside blocks of _SCAN_BLOCK rows (each step adding the
     same row of every block), then every block gets the running total of the blocks before
-    it. torch.cumsum along a non-last dim is several times slower on CPU.
+    it.
     """
     length = x.shape[-2]
     n_blocks = length // _SCAN_BLOCK
@@ -268,6 +284,6 @@ def prefix_at(
     torch.mul(prefix[0, 1:], weights[1].reshape(-1, 1), out=prefix[1, 1:])
     if weights[0] is not None:
         prefix[0, 1:].mul_(weights[0].reshape(-1, 1))
-    blocked_cumsum_(prefix[:, 1:].unflatten(1, (groups, length)))
+    prefix_sum_(prefix[:, 1:].unflatten(1, (groups, length)))
     at = torch.where(ranks > 0, _group_offsets(rows, slices, length, ranks.device) + ranks, 0)
     return _select_rows(prefix, at.view(-1), out).view(2, len(rows), slices, ranks.shape[-1], -1)

@@ -1,0 +1,90 @@
+"""The ops on a CUDA GPU against their float64 references, values and gradients.
+
+Marked ``cuda``: skipped without a GPU (CI has none); ``benchmarks/gpu_check.sh`` runs them.
+The CPU-only paths (the blocked scan) are not taken there: :func:`prefix_sum_` picks
+``torch.cumsum`` on CUDA, which the scan test checks against the CPU scan.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from hf_sliced_attn.ops import gated_rms_norm, rela, sliced_relu, sliced_relu_bump, value_mean, windowed_sliced_relu
+from hf_sliced_attn.ops._sorted import prefix_sum_
+from hf_sliced_attn.ops.naive import (
+    gated_rms_norm_reference,
+    rela_reference,
+    sliced_relu_bump_reference,
+    sliced_relu_reference,
+    value_mean_reference,
+)
+from tests.reference_checks import assert_matches_reference
+
+pytestmark = pytest.mark.cuda
+SHAPES = [(2, 3, 1, 17, 8), (1, 4, 4, 300, 16), (1, 2, 2, 2048, 64)]  # B, H, M, T, D
+
+
+def _inputs(batch: int, heads: int, slices: int, length: int, dim: int, padded: bool):
+    gen = torch.Generator().manual_seed(length)
+    s, t = (torch.randn(batch, heads, slices, length, generator=gen) for _ in range(2))
+    v = torch.randn(batch, heads, length, dim, generator=gen) + 3.0  # a mean far from 0, as real values have
+    mask = None
+    if padded:
+        mask = torch.rand(batch, length, generator=gen) > 0.3
+        mask[0] = True
+    return [x.cuda() for x in (s, t, v)] + [None if mask is None else mask.cuda()]
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("padded", [False, True], ids=["nopad", "pad"])
+def test_sliced_relu_on_cuda(shape, padded):
+    s, t, v, mask = _inputs(*shape, padded)
+    out = assert_matches_reference(
+        sliced_relu, sliced_relu_reference, dict(query_scalars=s, key_scalars=t, value=v, key_padding_mask=mask),
+        differentiable=("query_scalars", "key_scalars", "value"), rtol=1e-5, grad_rtol=1e-4)
+    assert out.is_cuda
+
+
+@pytest.mark.parametrize("shape", SHAPES[:2], ids=lambda s: "x".join(map(str, s)))
+def test_sliced_relu_bump_on_cuda(shape):
+    s, t, v, mask = _inputs(*shape, padded=True)
+    bandwidth = torch.full((shape[1], shape[2]), 0.7, device="cuda")
+    assert_matches_reference(
+        sliced_relu_bump, sliced_relu_bump_reference,
+        dict(query_scalars=s, key_scalars=t, value=v, bandwidth=bandwidth, key_padding_mask=mask),
+        differentiable=("query_scalars", "key_scalars", "value", "bandwidth"), rtol=1e-5, grad_rtol=1e-4)
+
+
+def test_windowed_sliced_relu_on_cuda():
+    s, t, v, mask = _inputs(1, 2, 2, 200, 16, padded=True)
+    assert_matches_reference(
+        windowed_sliced_relu, sliced_relu_reference,
+        dict(query_scalars=s, key_scalars=t, value=v, key_padding_mask=mask),
+        differentiable=("query_scalars", "key_scalars", "value"), rtol=1e-5, grad_rtol=1e-4, sliding_window=65)
+
+
+@pytest.mark.parametrize("window", [None, 65])
+def test_rela_and_value_mean_on_cuda(window):
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 3, 300, 32, generator=gen).cuda() for _ in range(3))
+    mask = (torch.rand(2, 300, generator=gen) > 0.2).cuda()
+    assert_matches_reference(rela, rela_reference, dict(query=q, key=k, value=v, key_padding_mask=mask),
+                             differentiable=("query", "key", "value"), rtol=1e-5, grad_rtol=1e-4,
+                             sliding_window=window)
+    assert_matches_reference(value_mean, value_mean_reference, dict(value=v, key_padding_mask=mask),
+                             differentiable=("value",), rtol=1e-5, grad_rtol=1e-4, sliding_window=window)
+
+
+def test_gated_rms_norm_on_cuda():
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(4, 50, 96, generator=gen).cuda()
+    scale, gate = (torch.randn(96, generator=gen).cuda() for _ in range(2))
+    assert_matches_reference(gated_rms_norm, gated_rms_norm_reference, dict(x=x, scale=scale, gate=gate),
+                             differentiable=("x", "scale", "gate"), rtol=1e-5, grad_rtol=1e-4)
+
+
+@pytest.mark.parametrize("length", [1, 63, 64, 65, 1000])
+def test_the_cuda_scan_is_the_cpu_scan(length):
+    x = torch.randn(3, length, 8, dtype=torch.float64)
+    torch.testing.assert_close(prefix_sum_(x.cuda().clone()).cpu(), prefix_sum_(x.clone()))
