@@ -29,7 +29,10 @@ checkpoint's softmax attention on the task's own training text (no labels), with
 ``hf-sliced-attn convert`` (:func:`hf_sliced_attn.transfer.transfer_attention`; the mechanism's
 ``conversion_defaults`` then fill the options not given), and fine-tuning starts from there
 (:func:`transfer_attention_step`; ``--attention_transfer_steps 0`` fine-tunes the new attention
-directly, from its fresh initialisation). A converted checkpoint and the softmax baselines skip it.
+directly, from its fresh initialisation). After it, the converted layers whose attention error stays largest
+go back to the checkpoint's softmax attention (``--keep_softmax_layers``, :mod:`hf_sliced_attn.hybrid`). The
+transfer's defaults are the mechanism's ``finetune_transfer_defaults``. A converted checkpoint and the softmax
+baselines skip it.
 
 The script follows transformers' ``examples/pytorch/text-classification/run_glue_no_trainer.py``
 step by step; :func:`train` reads top to bottom: arguments -> accelerator -> data
