@@ -282,7 +282,7 @@ def add_transfer_arguments(transfer) -> None:
 
 
 def finetune_defaults_text(name: str, fallback: int) -> str:
-    """"sliced_relu 100, rela 150": each mechanism's default of a transfer setting before fine-tuning, for --help."""
+    """Each mechanism's default of a transfer setting before fine-tuning ("sliced_relu 100, rela 100"), for --help."""
     return ", ".join(f"{mechanism.name} {mechanism.finetune_transfer_defaults.get(name, fallback)}"
                      for mechanism in hf_sliced_attn.MECHANISMS.values())
 
