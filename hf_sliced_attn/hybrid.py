@@ -53,13 +53,13 @@ def restore_softmax_layers(model: nn.Module, original: nn.Module, layers: Sequen
     unknown = sorted(set(layers) - set(converted))
     if unknown:
         raise ValueError(f"Layers {unknown} do not run {saved['mechanism']!r} (converted layers: {converted}).")
-    plugin_names = MECHANISMS.module_names()
-    for index in layers:
+    plugin_names, restored = MECHANISMS.module_names(), set(layers)
+    for index in sorted(restored):
         attention = modules[index]
         for name in plugin_names & set(dict(attention.named_children())):
             delattr(attention, name)
         setattr(attention, LAYER_MODE_ATTR, SOFTMAX)
         attention.load_state_dict(originals[index].state_dict())
-    remaining = [index for index in converted if index not in set(layers)]
+    remaining = [index for index in converted if index not in restored]
     setattr(config, CONFIG_KEY, {**saved, "layers": remaining})
     return remaining
