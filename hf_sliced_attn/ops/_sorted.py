@@ -261,18 +261,21 @@ def _select_rows(halves: Tensor, index: Tensor, out: Tensor | None = None) -> Te
 
 def prefix_at(
     source: Tensor, order: Tensor, weights: tuple[Tensor | None, Tensor], ranks: Tensor, rows: range,
-    buffer: Tensor, out: Tensor | None = None,
+    buffer: Tensor, out: Tensor | None = None, centre: Tensor | None = None,
 ) -> Tensor:
     """Two weighted prefix sums of D-wide rows taken in a sorted order, read at ranks.
 
     For a chunk of (batch, head) rows and every slice m, with x_p the row order[p] of the
-    (batch, head) row's block of ``source`` (a flat (B*H*L, D) view) and weights (a, w):
+    (batch, head) row's block of ``source`` (a flat (B*H*L, D) view), minus that row's
+    ``centre`` if given, and weights (a, w):
 
         P[c] = sum_{p<c} a_p x_p   (a = 1 when None),   P_w[c] = sum_{p<c} w_p x_p.
 
     order (len(rows), M, L) long; a, w (len(rows), M, L) in source's dtype, in sorted
     order; ranks (len(rows), M, K) long in [0, L]; buffer from :func:`scratch` with room
-    for len(rows)*M groups of L; out, if given, (2, len(rows)*M*K, D).
+    for len(rows)*M groups of L; out, if given, (2, len(rows)*M*K, D); centre, if given,
+    (len(rows), D), subtracted from the gathered rows while they are in cache (no centred
+    copy of ``source`` is ever made).
     -> (2, len(rows), M, K, D): P and P_w at each rank.
     """
     slices, length = order.shape[1:]
@@ -281,6 +284,8 @@ def prefix_at(
     prefix = buffer[:, : groups * length + 1]
     prefix[:, 0] = 0
     torch.index_select(source, 0, _flat_rows(order, rows), out=prefix[0, 1:])
+    if centre is not None:
+        prefix[0, 1:].view(len(rows), slices * length, -1).sub_(centre.unsqueeze(1))
     torch.mul(prefix[0, 1:], weights[1].reshape(-1, 1), out=prefix[1, 1:])
     if weights[0] is not None:
         prefix[0, 1:].mul_(weights[0].reshape(-1, 1))

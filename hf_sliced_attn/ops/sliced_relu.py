@@ -13,8 +13,9 @@ Shapes: query_scalars (B, H, Tq) or (B, H, M, Tq); key_scalars (B, H, Tk) or
 (B, H, M, Tk); value (B, H, Tk, D); key_padding_mask (B, Tk) bool, True for a real token
 -> (B, H, Tq, D) in value's dtype. fp16/bf16 are computed in fp32.
 
-Algorithm. Only the keys are sorted (padded keys go last and carry zero value). With
-u = v - vbar and the keys in sorted order, prefix sums P_u[c] = sum_{k<c} u_k,
+Algorithm. Only the keys are sorted (padded keys go last and are never summed). With
+u = v - vbar (formed in cache as the rows are gathered; no centred copy of v is made) and
+the keys in sorted order, prefix sums P_u[c] = sum_{k<c} u_k,
 P_tu[c] = sum_{k<c} t_k u_k and P_t[c] = sum_{k<c} t_k give, for a query with c keys
 strictly below it and n valid keys,
 
@@ -22,9 +23,10 @@ strictly below it and n valid keys,
     denominator = (s c - P_t[c]) + (P_t[n] - P_t[c']) - s (n - c'),
 
 c' counting the keys <= s (so ties contribute exactly 0). s and t are centred on the mean
-valid key (the kernel is shift-invariant), scalar work is done in float64, and the fp32
-residual mean r of u is removed by subtracting (s c - P_t[c]) r from the numerator, which
-keeps the error flat in the sequence length.
+valid key (the kernel is shift-invariant), scalar work is done in float64, and the mean
+r = P_u[n] / n that rounding leaves in the fp32 rows u (read from each slice's own prefix
+sums) is removed by subtracting (s c - P_t[c]) r from the numerator, which keeps the
+error flat in the sequence length.
 
 The backward is written by hand (no autograd through sort, scan or gather). With
 w_i = g_i / (M den_i), the key at sorted position k gets
@@ -51,7 +53,6 @@ from torch.autograd.function import once_differentiable
 from ._common import compute_dtype
 from ._sorted import (
     SortedScalars,
-    centred_values,
     check_scalar_shapes,
     chunks,
     exclusive_cumsum,
@@ -95,50 +96,81 @@ def _order_keys(s: Tensor, t: Tensor, valid: Tensor) -> _KeyOrder:
     return _KeyOrder(scalars, below, at_or_below, relu_sum, den, inv)
 
 
+def _value_centre(v: Tensor, valid: Tensor, padded: bool) -> Tensor:
+    """vbar (B*H, D): the mean of the valid keys' values of v (B, H, Tk, D), in v's dtype,
+    without a copy of v. Any centre would do (the rounding it leaves is measured per slice,
+    see :func:`_forward`); this one keeps the prefix sums small."""
+    batch, _, k_len, dim = v.shape
+    if padded:
+        total = torch.matmul(valid.to(v.dtype).view(batch, 1, 1, k_len), v).squeeze(-2)
+    else:
+        total = v.sum(-2)
+    return (total / valid.sum(-1).view(batch, 1, 1).clamp_min(1)).view(-1, dim)
+
+
 def _forward(
-    s: Tensor, t: Tensor, v: Tensor, valid: Tensor, padded: bool, work: torch.dtype
+    s: Tensor, t: Tensor, v: Tensor, valid: Tensor, padded: bool, for_backward: bool
 ) -> tuple[Tensor, _KeyOrder, Tensor, Tensor, list[Tensor]]:
-    """out (B*H, Tq, D) in `work`, the scalar state, u, its residual mean and P at the queries."""
+    """out (B*H, Tq, D) in v's dtype (the work dtype), the scalar state, the centre vbar
+    (B*H, D), the residual means r (B*H, M, D) and P at the queries (kept only ``for_backward``).
+
+    u_j = fl(v_j - vbar) is formed in the gathered rows; r_m = P_u[n] / n, the mean that
+    rounding left in them (about 1e-8 |vbar| in fp32), is read from slice m's own prefix
+    sums and removed from its numerator in closed form, which keeps the error flat in the
+    sequence length.
+    """
     order = _order_keys(s, t, valid)
     scalars = order.scalars
-    u, mean = centred_values(v, valid, padded, work)
-    # The mean that u keeps from rounding (about 1e-8 in fp32), (B*H, D); torch's cascade
-    # sum is accurate enough for it.
-    n_valid = valid.sum(-1).view(-1, 1, 1).clamp_min(1)
-    residual = (u.sum(-2).double() / n_valid).to(work).view(-1, mean.shape[-1])
+    centre = _value_centre(v, valid, padded)
     rows_total, slices, q_len = scalars.s.shape
     k_len, dim = v.shape[-2:]
-    u_flat = u.view(-1, dim)
+    work = v.dtype
+    v_flat = v.view(-1, dim)
     t_sorted = scalars.t_sorted.to(work)
-    # out = sum_m (s P_u[c] - P_tu[c] - relu_sum * residual) / (M den)
+    # The queries' ranks, then n (valid keys) per group, where P_u[n] = n r_m is read.
+    ranks = torch.cat([order.below, scalars.n_valid], -1)
+    n_inv = (1.0 / scalars.n_valid.clamp_min(1)).to(work)  # (B*H, M, 1)
+    # out = sum_m (s P_u[c] - P_tu[c] - relu_sum r_m) / (M den); the prefix sums read only
+    # sorted positions < n, so padded rows never enter them.
     coef_u = (scalars.s * order.inv).to(work).unsqueeze(-1)  # (B*H, M, Tq, 1)
     coef_tu = order.inv.to(work).unsqueeze(-1)
-    coef_r = (order.relu_sum * order.inv).sum(1).to(work).unsqueeze(-1)  # (B*H, Tq, 1)
+    coef_r = (order.relu_sum * order.inv).to(work).transpose(1, 2)  # (B*H, Tq, M)
     out = torch.empty(rows_total, q_len, dim, dtype=work, device=v.device)
+    residual = torch.empty(rows_total, slices, dim, dtype=work, device=v.device)
     at_queries = []
     pieces = chunks(rows_total, slices * max(q_len, k_len) * dim)
-    buffer = scratch(u, len(pieces[0]) * slices, k_len)
+    buffer = scratch(v, len(pieces[0]) * slices, k_len)
+    # Without a backward, one buffer for P at the queries serves every chunk (fresh memory
+    # is page-faulted on first use).
+    reused = None if for_backward else scratch(v, len(pieces[0]) * slices, q_len + 1)[:, 1:]
     for rows in pieces:
         lo, hi = rows.start, rows.stop
-        # P_u[c] and P_tu[c] at each query's rank c, (2, len(rows), M, Tq, D).
-        at_query = prefix_at(u_flat, scalars.perm[lo:hi], (None, t_sorted[lo:hi]), order.below[lo:hi], rows, buffer)
+        # P_u and P_tu at each query's rank and at n, (2, len(rows), M, Tq + 1, D).
+        target = None if reused is None else reused[:, : len(rows) * slices * (q_len + 1)]
+        at_query = prefix_at(
+            v_flat, scalars.perm[lo:hi], (None, t_sorted[lo:hi]), ranks[lo:hi], rows, buffer,
+            out=target, centre=centre[lo:hi],
+        )
+        torch.mul(at_query[0, :, :, q_len], n_inv[lo:hi], out=residual[lo:hi])
         out_rows = out[lo:hi]
-        torch.mul(at_query[0, :, 0], coef_u[lo:hi, 0], out=out_rows)
-        out_rows.addcmul_(at_query[1, :, 0], coef_tu[lo:hi, 0], value=-1)
+        torch.mul(at_query[0, :, 0, :q_len], coef_u[lo:hi, 0], out=out_rows)
+        out_rows.addcmul_(at_query[1, :, 0, :q_len], coef_tu[lo:hi, 0], value=-1)
         for m in range(1, slices):
-            out_rows.addcmul_(at_query[0, :, m], coef_u[lo:hi, m])
-            out_rows.addcmul_(at_query[1, :, m], coef_tu[lo:hi, m], value=-1)
-        out_rows.addcmul_(coef_r[lo:hi], residual[lo:hi].unsqueeze(1), value=-1)
-        at_queries.append(at_query)
-    return out, order, u, residual, at_queries
+            out_rows.addcmul_(at_query[0, :, m, :q_len], coef_u[lo:hi, m])
+            out_rows.addcmul_(at_query[1, :, m, :q_len], coef_tu[lo:hi, m], value=-1)
+        out_rows.baddbmm_(coef_r[lo:hi], residual[lo:hi], alpha=-1)
+        if for_backward:
+            at_queries.append(at_query[..., :q_len, :])
+    return out, order, centre, residual, at_queries
 
 
 def _key_gradients(
-    grad_flat: Tensor, u: Tensor, order: _KeyOrder, above_count: Tensor, rows: range,
+    grad_flat: Tensor, v: Tensor, centre: Tensor, order: _KeyOrder, above_count: Tensor, rows: range,
     buffers: tuple[Tensor, Tensor], du: Tensor, dt_part: Tensor,
 ) -> None:
     """For a chunk of rows, write dL/du_j = S_sw(j) - t_j S_w(j) into du (B*H, Tk, D) and
-    -u_j . S_w(j) into dt_part (B*H, M, Tk), both in key order.
+    -u_j . S_w(j) = (vbar - v_j) . S_w(j) into dt_part (B*H, M, Tk), both in key order;
+    v (B*H, Tk, D), centre vbar (B*H, D).
 
     S_w(j) sums w_i = g_i / (M den_i) and S_sw(j) sums s_i w_i over the queries above key j:
     prefix sums over the queries in descending order of s, read at above_count (B*H, M, Tk).
@@ -146,48 +178,52 @@ def _key_gradients(
     lo, hi = rows.start, rows.stop
     scalars = order.scalars
     slices = scalars.s.shape[1]
-    k_len = u.shape[-2]
+    k_len = v.shape[-2]
     descending = scalars.q_perm[lo:hi].flip(-1)
     inv = order.inv[lo:hi].gather(-1, descending)
-    weights = inv.to(u.dtype), (scalars.s[lo:hi].gather(-1, descending) * inv).to(u.dtype)
+    weights = inv.to(v.dtype), (scalars.s[lo:hi].gather(-1, descending) * inv).to(v.dtype)
     out = buffers[1][:, : len(rows) * slices * k_len]
     at_keys = prefix_at(grad_flat, descending, weights, above_count[lo:hi], rows, buffers[0], out=out)
-    t_keys = scalars.t[lo:hi].to(u.dtype).unsqueeze(-1)
+    t_keys = scalars.t[lo:hi].to(v.dtype).unsqueeze(-1)
     du_rows = du[lo:hi]
     torch.addcmul(at_keys[1, :, 0], at_keys[0, :, 0], t_keys[:, 0], value=-1, out=du_rows)
     for m in range(1, slices):
         du_rows += at_keys[1, :, m]
         du_rows.addcmul_(at_keys[0, :, m], t_keys[:, m], value=-1)
-    torch.neg(torch.einsum("cmkd,ckd->cmk", at_keys[0], u[lo:hi]), out=dt_part[lo:hi])
+    dt_part[lo:hi] = (
+        torch.einsum("cmkd,cd->cmk", at_keys[0], centre[lo:hi]) - torch.einsum("cmkd,ckd->cmk", at_keys[0], v[lo:hi])
+    )
 
 
 def _backward(
-    grad: Tensor, order: _KeyOrder, u: Tensor, residual: Tensor, at_queries: list[Tensor], valid: Tensor,
-    padded: bool,
+    grad: Tensor, order: _KeyOrder, v: Tensor, centre: Tensor, residual: Tensor, at_queries: list[Tensor],
+    valid: Tensor, padded: bool,
 ) -> tuple[Tensor, Tensor, Tensor]:
-    """dL/ds (B*H, M, Tq), dL/dt (B*H, M, Tk) in float64 and dL/dv (B, H, Tk, D) in u's dtype."""
+    """dL/ds (B*H, M, Tq), dL/dt (B*H, M, Tk) in float64 and dL/dv (B, H, Tk, D) in v's dtype."""
     scalars = order.scalars
     rows_total, slices, q_len = scalars.s.shape
-    batch, heads, k_len, dim = u.shape
-    grad = grad.reshape(rows_total, q_len, dim).to(u.dtype).contiguous()
-    u = u.view(rows_total, k_len, dim)
+    batch, heads, k_len, dim = v.shape
+    grad = grad.reshape(rows_total, q_len, dim).to(v.dtype).contiguous()
+    v = v.view(rows_total, k_len, dim)
     # Number of queries above each key, in key order.
     above_count = q_len - to_key_order(scalars, ranks_among_queries(scalars, right=True))
 
-    dots = torch.empty(2, rows_total, slices, q_len, dtype=u.dtype, device=u.device)
-    dt_part = torch.empty(rows_total, slices, k_len, dtype=u.dtype, device=u.device)
-    du = torch.empty(rows_total, k_len, dim, dtype=u.dtype, device=u.device)
+    dots = torch.empty(2, rows_total, slices, q_len, dtype=v.dtype, device=v.device)
+    dt_part = torch.empty(rows_total, slices, k_len, dtype=v.dtype, device=v.device)
+    du = torch.empty(rows_total, k_len, dim, dtype=v.dtype, device=v.device)
     pieces = chunks(rows_total, slices * max(q_len, k_len) * dim)
     groups = len(pieces[0]) * slices
-    buffers = scratch(u, groups, q_len), scratch(u, groups, k_len)
+    buffers = scratch(v, groups, q_len), scratch(v, groups, k_len)
     for rows, at_query in zip(pieces, at_queries):
         lo, hi = rows.start, rows.stop
         dots[:, lo:hi] = torch.einsum("kcmtd,ctd->kcmt", at_query, grad[lo:hi])
-        _key_gradients(grad.view(-1, dim), u, order, above_count, rows, buffers, du, dt_part)
+        _key_gradients(grad.view(-1, dim), v, centre, order, above_count, rows, buffers, du, dt_part)
+    if padded:  # u_j is 0 on a padded key; v_j - vbar is not
+        dt_part.view(batch, heads, slices, k_len).masked_fill_(~valid.view(batch, 1, 1, k_len), 0)
 
     # Scalar gradients, float64. g.N_i with N_i = s P_u[c] - P_tu[c] - relu_sum * residual.
     g_dot_u, g_dot_tu = dots.double()
-    g_dot_r = (grad @ residual.unsqueeze(-1)).double().view(rows_total, 1, q_len)
+    g_dot_r = torch.bmm(residual, grad.transpose(1, 2)).double()  # (B*H, M, Tq)
     g_num = scalars.s * g_dot_u - g_dot_tu - order.relu_sum * g_dot_r
     # e_i = g_i . N_i / (M den_i^2); dL/ds_i = g_i . P_u[c] / (M den_i) - e_i sum_j sign(s_i - t_j).
     e = order.inv * g_num / torch.where(order.den > 0, order.den, 1.0)
@@ -217,11 +253,12 @@ class _SlicedReLUFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, s: Tensor, t: Tensor, v: Tensor, valid: Tensor) -> Tensor:
-        work = compute_dtype(v.dtype)
         padded = has_padding(valid)
-        out, order, u, residual, at_queries = _forward(s, t, v, valid, padded, work)
-        if any(ctx.needs_input_grad[:3]):
-            ctx.state = (order, u, residual, at_queries, valid, padded)
+        for_backward = any(ctx.needs_input_grad[:3])
+        work = v.to(compute_dtype(v.dtype)).contiguous()
+        out, order, centre, residual, at_queries = _forward(s, t, work, valid, padded, for_backward)
+        if for_backward:
+            ctx.state = (order, work, centre, residual, at_queries, valid, padded)
             ctx.dtypes = (s.dtype, t.dtype, v.dtype)
         batch, heads = v.shape[:2]
         return out.view(batch, heads, *out.shape[1:]).to(v.dtype)
@@ -229,8 +266,8 @@ class _SlicedReLUFunction(torch.autograd.Function):
     @staticmethod
     @once_differentiable
     def backward(ctx, grad: Tensor) -> tuple[Tensor, Tensor, Tensor, None]:
-        order, u, residual, at_queries, valid, padded = ctx.state
-        ds, dt, dv = _backward(grad, order, u, residual, at_queries, valid, padded)
+        order, v, centre, residual, at_queries, valid, padded = ctx.state
+        ds, dt, dv = _backward(grad, order, v, centre, residual, at_queries, valid, padded)
         batch, heads = dv.shape[:2]
         ds = ds.view(batch, heads, *ds.shape[1:])
         dt = dt.view(batch, heads, *dt.shape[1:])
