@@ -35,7 +35,7 @@ are counted per forward. Both are written to the report and the JSON; a mismatch
 
 Time: ``time.perf_counter()`` around one forward. One warm-up forward per contender, at the
 smallest length only (a 128k forward takes minutes: no warm-up at long lengths); then the median
-of 3 runs for T < 32768, a single run from T = 32768 on. Each model is built once per contender
+of 3 runs for T < 16384, a single run from T = 16384 on. Each model is built once per contender
 (``max_position_embeddings`` covers the largest T), and freed before the next contender.
 
 Peak memory: the growth of the process's resident-set high-water mark. Before each timed run,
@@ -106,7 +106,7 @@ import hf_sliced_attn.attention as plugin_attention  # noqa: E402
 from hf_sliced_attn.attention import LAYER_MODE_ATTR, SOFTMAX, observe_attention  # noqa: E402
 
 LENGTHS = (4096, 16384, 32768, 65536, 131072)
-SINGLE_RUN_FROM = 32768
+SINGLE_RUN_FROM = 16384
 """From this T on, one timed run; below it the median of ``REPS``."""
 REPS = 3
 MEMORY_FRACTION = 0.8
@@ -423,7 +423,7 @@ def tables(records: dict[str, ContenderRecord], lengths: list[int]) -> str:
     names = list(records)
     head = "| T | " + " | ".join(names) + " |\n|---:|" + "---:|" * len(names)
     out = []
-    for title, attr in (("Time per forward (median of 3 below T=32768, one run from 32768)", "seconds"),
+    for title, attr in (("Time per forward (median of 3 below T=16384, one run from 16384)", "seconds"),
                         ("Peak memory (resident-set growth over the weights and inputs)", "peak_bytes")):
         rows = [f"| {t} | " + " | ".join(_cell(records, n, t, attr) for n in names) + " |" for t in lengths]
         out += [f"## {title}", "", head, *rows, ""]
