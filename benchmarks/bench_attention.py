@@ -559,12 +559,29 @@ def sanity_check() -> None:
     torch.testing.assert_close(floor(s, t, v), v)
 
 
+def _selected_contenders(parser: argparse.ArgumentParser, text: str | None) -> set[str] | None:
+    """The names given to --contenders (None: all), each checked against the contenders."""
+    if text is None:
+        return None
+    known = [c.name for c in (*SLICED_GROUP, *RELA_GROUP, *ENCODER_GROUP)]
+    names = {name.strip() for name in text.split(",") if name.strip()}
+    unknown = sorted(names - set(known))
+    if unknown or not names:
+        parser.error(f"--contenders: unknown {unknown or 'empty list'}; choose from {', '.join(dict.fromkeys(known))}")
+    return names
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="a small subset (< 2 min)")
+    parser.add_argument("--contenders", help=(
+        "comma-separated contenders to measure (e.g. sliced_relu,floor); default: all. Results then go to "
+        "benchmarks/results/selected unless --output is given"))
     parser.add_argument("--output", type=Path, help="results directory (default: benchmarks/results[/quick])")
     args = parser.parse_args(argv)
-    output = args.output or (RESULTS / "quick" if args.quick else RESULTS)
+    selected = _selected_contenders(parser, args.contenders)
+    default_output = RESULTS / "quick" if args.quick else RESULTS
+    output = args.output or (default_output / "selected" if selected is not None else default_output)
     output.mkdir(parents=True, exist_ok=True)
     torch.set_num_threads(os.cpu_count())
     if args.quick:
@@ -593,6 +610,10 @@ def main(argv: list[str] | None = None) -> int:
         ("rela", "ReLA vs softmax attention", RELA_GROUP, rela_lengths),
         ("encoder", "RoBERTa encoder, 2 layers, hidden 768, 12 heads", ENCODER_GROUP, encoder_lengths),
     ]
+    if selected is not None:
+        groups = [(stem, title, [c for c in contenders if c.name in selected], lengths)
+                  for stem, title, contenders, lengths in groups]
+        groups = [group for group in groups if group[2]]
     for _, title, contenders, lengths in groups:
         print(f"\n# {title}", flush=True)
         for length in lengths:
@@ -604,7 +625,8 @@ def main(argv: list[str] | None = None) -> int:
     sections = [
         "# Attention benchmark (CPU)",
         "",
-        f"`python benchmarks/bench_attention.py{' --quick' if args.quick else ''}` — {environment}. "
+        f"`python benchmarks/bench_attention.py{' '.join(['', *(argv if argv is not None else sys.argv[1:])])}` — "
+        f"{environment}. "
         f"Total {time.perf_counter() - started:.0f} s; 1-min load average {load_start:.1f} at the start, "
         f"{os.getloadavg()[0]:.1f} at the end (a load above the core count means other processes shared the "
         "cores and times are inflated). Method: see the script's docstring (median of runs after a "
