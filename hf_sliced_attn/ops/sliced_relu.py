@@ -258,7 +258,9 @@ class _SlicedReLUFunction(torch.autograd.Function):
         work = v.to(compute_dtype(v.dtype)).contiguous()
         out, order, centre, residual, at_queries = _forward(s, t, work, valid, padded, for_backward)
         if for_backward:
-            ctx.state = (order, work, centre, residual, at_queries, valid, padded)
+            # v itself may be the caller's tensor: save_for_backward guards it against in-place changes.
+            ctx.save_for_backward(work)
+            ctx.state = (order, centre, residual, at_queries, valid, padded)
             ctx.dtypes = (s.dtype, t.dtype, v.dtype)
         batch, heads = v.shape[:2]
         return out.view(batch, heads, *out.shape[1:]).to(v.dtype)
@@ -266,7 +268,8 @@ class _SlicedReLUFunction(torch.autograd.Function):
     @staticmethod
     @once_differentiable
     def backward(ctx, grad: Tensor) -> tuple[Tensor, Tensor, Tensor, None]:
-        order, v, centre, residual, at_queries, valid, padded = ctx.state
+        (v,) = ctx.saved_tensors
+        order, centre, residual, at_queries, valid, padded = ctx.state
         ds, dt, dv = _backward(grad, order, v, centre, residual, at_queries, valid, padded)
         batch, heads = dv.shape[:2]
         ds = ds.view(batch, heads, *ds.shape[1:])

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from hf_sliced_attn.ops import _sorted
 from hf_sliced_attn.ops.naive import sliced_relu_reference
 from hf_sliced_attn.ops.sliced_relu import sliced_relu
 from tests.reference_checks import assert_matches_reference, outputs_and_grads, relative_error
@@ -60,6 +61,33 @@ def test_matches_reference(batch, heads, slices, q_len, k_len, dim, padded):
         rtol=1e-5, grad_rtol=1e-5,
     )
     assert out.shape == (batch, heads, q_len, dim) and out.dtype == torch.float32
+
+
+@pytest.mark.parametrize("padded", [False, True])
+def test_many_chunks(monkeypatch, padded):
+    """With one (batch, head) row per chunk, the forward without a backward (one reused buffer
+    for the prefix sums at the queries) and the forward + backward both match the reference."""
+    monkeypatch.setattr(_sorted, "_CHUNK_ELEMENTS", 1)
+    s, t, v = _inputs(3, 4, 2, 20, 25, 6, seed=1)
+    mask = _padding(3, 25, seed=1) if padded else None
+    with torch.no_grad():
+        out = sliced_relu(s, t, v, mask)
+    expected = sliced_relu_reference(s.double(), t.double(), v.double(), mask)
+    assert relative_error(out.double(), expected) < 1e-5
+    assert_matches_reference(
+        sliced_relu, sliced_relu_reference, _tensors(s, t, v, mask), differentiable=SCALARS_AND_VALUE,
+        rtol=1e-5, grad_rtol=1e-5,
+    )
+
+
+def test_value_changed_in_place_before_backward_is_an_error():
+    """The op saves the value tensor itself for its backward; autograd must catch a later in-place change."""
+    s, t, v = _inputs(1, 2, 1, 8, 8, 4)
+    v = (v.requires_grad_() * 1.0).contiguous()
+    out = sliced_relu(s, t, v)
+    v.add_(1.0)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        out.sum().backward()
 
 
 def test_fully_padded_row_gives_finite_zeros():
