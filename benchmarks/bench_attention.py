@@ -55,15 +55,11 @@ numbers in ``attention.json``) next to ``*_time.png`` (time vs T, log-log) and
 from __future__ import annotations
 
 import argparse
-import ctypes
-import gc
 import json
 import math
 import os
 import platform
-import re
 import statistics
-import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -79,6 +75,7 @@ import torch.nn.functional as F  # noqa: E402
 from transformers import AutoModel, RobertaConfig  # noqa: E402
 
 import hf_sliced_attn  # noqa: E402
+from benchmarks._report import Bar, fmt_bytes, fmt_time, reset_peak, source_state, status_kib  # noqa: E402
 from hf_sliced_attn.ops import rela, sliced_relu, sliced_relu_bump  # noqa: E402
 from hf_sliced_attn.ops.naive import (  # noqa: E402
     rela_reference,
@@ -266,23 +263,6 @@ ENCODER_GROUP.append(Contender("encoder/sliced_relu_converted", _encoder_builder
 
 # --------------------------------------------------------------------------- measuring
 
-_LIBC = ctypes.CDLL("libc.so.6")
-
-
-def _status_kib(field: str) -> int:
-    with open("/proc/self/status") as status:
-        return int(re.search(rf"^{field}:\s+(\d+) kB", status.read(), re.MULTILINE).group(1))
-
-
-def _reset_peak() -> int:
-    """Release freed memory to the kernel, reset VmHWM; returns the baseline RSS in bytes."""
-    gc.collect()
-    _LIBC.malloc_trim(0)
-    with open("/proc/self/clear_refs", "w") as clear_refs:
-        clear_refs.write("5")
-    return _status_kib("VmRSS") * 1024
-
-
 @dataclass
 class Point:
     """One measurement: median seconds per run and peak resident-memory growth in bytes."""
@@ -365,11 +345,11 @@ class Bench:
         def timed() -> tuple[float, int]:
             for leaf in leaves:
                 leaf.grad = None
-            baseline = _reset_peak()
+            baseline = reset_peak()
             start = time.perf_counter()
             once()
             seconds = time.perf_counter() - start
-            return seconds, max(0, _status_kib("VmHWM") * 1024 - baseline)
+            return seconds, max(0, status_kib("VmHWM") * 1024 - baseline)
 
         once()  # warm-up (and g allocated before any baseline)
         first = timed()
@@ -380,14 +360,6 @@ class Bench:
 
 
 # --------------------------------------------------------------------------- reporting
-
-
-def fmt_time(seconds: float) -> str:
-    return f"{seconds * 1e3:.3g} ms" if seconds < 1 else f"{seconds:.3g} s"
-
-
-def fmt_bytes(size: float) -> str:
-    return f"{size / 2**30:.2f} GiB" if size >= 2**30 else f"{size / 2**20:.1f} MiB"
 
 
 def fmt_ratio(num: Point | None, den: Point | None, attr: str = "seconds") -> str:
@@ -465,26 +437,6 @@ def plot_group(bench: Bench, stem: str, title: str, contenders: list[Contender],
     return paths
 
 
-@dataclass
-class Bar:
-    description: str
-    value: float | None
-    threshold: float
-    at_least: bool
-
-    @property
-    def verdict(self) -> str:
-        if self.value is None or math.isnan(self.value):
-            return "N/A (not measured)"
-        ok = self.value >= self.threshold if self.at_least else self.value <= self.threshold
-        return "PASS" if ok else "FAIL"
-
-    def row(self) -> str:
-        value = "–" if self.value is None else f"{self.value:.3g}"
-        sign = "≥" if self.at_least else "≤"
-        return f"| {self.description} | {value} | {sign} {self.threshold:g} | **{self.verdict}** |"
-
-
 def _ratio(num: Point | None, den: Point | None, attr: str = "seconds") -> float | None:
     if num is None or den is None or getattr(den, attr) == 0:
         return None
@@ -531,18 +483,6 @@ def memory_slope(bench: Bench, name: str, lengths: list[int]) -> str:
 
 
 # --------------------------------------------------------------------------- main
-
-
-def source_state() -> str:
-    """The commit benchmarked, and the package files that differ from it (the ops are what is timed)."""
-    root = Path(__file__).resolve().parents[1]
-
-    def git(*args: str) -> str:
-        return subprocess.run(["git", *args], cwd=root, capture_output=True, text=True).stdout.rstrip()
-
-    commit = git("rev-parse", "--short", "HEAD") or "unknown"
-    dirty = git("status", "--porcelain", "--", "hf_sliced_attn").splitlines()
-    return f"commit {commit}" + (f" with uncommitted changes to {', '.join(line[3:] for line in dirty)}" if dirty else "")
 
 
 def sanity_check() -> None:

@@ -77,16 +77,11 @@ Commands::
 from __future__ import annotations
 
 import argparse
-import ctypes
-import gc
 import json
-import math
 import os
 import platform
-import re
 import shlex
 import statistics
-import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -102,6 +97,7 @@ import torch  # noqa: E402
 from transformers import AutoModel, ModernBertConfig  # noqa: E402
 
 import hf_sliced_attn  # noqa: E402
+from benchmarks._report import Bar, fmt_bytes, fmt_time, reset_peak, source_state, status_kib  # noqa: E402
 import hf_sliced_attn.attention as plugin_attention  # noqa: E402
 from hf_sliced_attn.attention import LAYER_MODE_ATTR, SOFTMAX, observe_attention  # noqa: E402
 
@@ -238,23 +234,6 @@ def expected_calls(contender: Contender, layers: list[dict[str, Any]]) -> dict[s
 
 # --------------------------------------------------------------------------- measuring
 
-_LIBC = ctypes.CDLL("libc.so.6")
-
-
-def _status_kib(field_name: str) -> int:
-    with open("/proc/self/status") as status:
-        return int(re.search(rf"^{field_name}:\s+(\d+) kB", status.read(), re.MULTILINE).group(1))
-
-
-def _reset_peak() -> int:
-    """Release freed memory to the kernel, reset VmHWM; returns the baseline RSS in bytes."""
-    gc.collect()
-    _LIBC.malloc_trim(0)
-    with open("/proc/self/clear_refs", "w") as clear_refs:
-        clear_refs.write("5")
-    return _status_kib("VmRSS") * 1024
-
-
 def forward(model: torch.nn.Module, input_ids: torch.Tensor) -> torch.Tensor:
     with torch.inference_mode():
         return model(input_ids=input_ids, attention_mask=torch.ones_like(input_ids)).last_hidden_state
@@ -272,11 +251,11 @@ class Point:
 def timed_runs(model: torch.nn.Module, input_ids: torch.Tensor, reps: int) -> Point:
     seconds, peaks = [], []
     for _ in range(reps):
-        baseline = _reset_peak()
+        baseline = reset_peak()
         start = time.perf_counter()
         out = forward(model, input_ids)
         seconds.append(time.perf_counter() - start)
-        peaks.append(max(0, _status_kib("VmHWM") * 1024 - baseline))
+        peaks.append(max(0, status_kib("VmHWM") * 1024 - baseline))
         del out
     return Point(statistics.median(seconds), max(peaks), seconds)
 
@@ -357,20 +336,11 @@ def run_contender(contender: Contender, args: argparse.Namespace, inputs: dict[i
         log(contender.name, length, f"{fmt_time(point.seconds):>9s}  peak +{fmt_bytes(point.peak_bytes):>9s}  "
             f"({len(point.runs)} run{'s' if len(point.runs) > 1 else ''})")
     del model
-    gc.collect()
-    _LIBC.malloc_trim(0)
+    reset_peak()  # hand the model's memory back before the next contender
     return record
 
 
 # --------------------------------------------------------------------------- reporting
-
-
-def fmt_time(seconds: float) -> str:
-    return f"{seconds * 1e3:.3g} ms" if seconds < 1 else f"{seconds:.3g} s"
-
-
-def fmt_bytes(size: float) -> str:
-    return f"{size / 2**30:.2f} GiB" if size >= 2**30 else f"{size / 2**20:.1f} MiB"
 
 
 def _point(records: dict[str, ContenderRecord], name: str, length: int) -> Point | None:
@@ -389,25 +359,6 @@ def _ratio(num: Point | None, den: Point | None, attr: str = "seconds") -> float
     if num is None or den is None or getattr(den, attr) <= 0:
         return None
     return getattr(num, attr) / getattr(den, attr)
-
-
-@dataclass
-class Bar:
-    description: str
-    value: float | None
-    threshold: float
-    at_least: bool
-
-    @property
-    def verdict(self) -> str:
-        if self.value is None or math.isnan(self.value):
-            return "not measured"
-        ok = self.value >= self.threshold if self.at_least else self.value <= self.threshold
-        return "PASS" if ok else "FAIL"
-
-    def row(self) -> str:
-        value = "–" if self.value is None else f"{self.value:.3g}"
-        return f"| {self.description} | {value} | {'≥' if self.at_least else '≤'} {self.threshold:g} | **{self.verdict}** |"
 
 
 def bars(records: dict[str, ContenderRecord]) -> list[Bar]:
@@ -495,18 +446,6 @@ def plot(records: dict[str, ContenderRecord], lengths: list[int], path: Path, ti
 
 
 # --------------------------------------------------------------------------- main
-
-
-def source_state() -> str:
-    """The commit benchmarked, and the package files that differ from it."""
-    root = Path(__file__).resolve().parents[1]
-
-    def git(*args: str) -> str:
-        return subprocess.run(["git", *args], cwd=root, capture_output=True, text=True).stdout.rstrip()
-
-    commit = git("rev-parse", "--short", "HEAD") or "unknown"
-    dirty = git("status", "--porcelain", "--", "hf_sliced_attn").splitlines()
-    return f"commit {commit}" + (f" with uncommitted changes to {', '.join(line[3:] for line in dirty)}" if dirty else "")
 
 
 def _int_list(text: str) -> list[int]:

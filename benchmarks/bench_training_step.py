@@ -47,7 +47,6 @@ import os
 import platform
 import shlex
 import statistics
-import subprocess
 import sys
 import time
 from dataclasses import dataclass
@@ -62,6 +61,7 @@ import transformers  # noqa: E402
 from transformers import AutoConfig, AutoModelForSequenceClassification  # noqa: E402
 
 import hf_sliced_attn  # noqa: E402
+from benchmarks._report import source_state  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
@@ -158,17 +158,6 @@ def measure_shape(batch_size: int, length: int, steps: int) -> dict[str, list[fl
     return result
 
 
-def source_state() -> str:
-    """The commit benchmarked, and the package files that differ from it."""
-
-    def git(*args: str) -> str:
-        return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True).stdout.rstrip()
-
-    commit = git("rev-parse", "--short", "HEAD") or "unknown"
-    dirty = git("status", "--porcelain", "--", "hf_sliced_attn").splitlines()
-    return commit + (f" with uncommitted changes to {', '.join(line[3:] for line in dirty)}" if dirty else "")
-
-
 def parse_shapes(text: str) -> list[tuple[int, int]]:
     shapes = []
     for item in text.split(","):
@@ -190,7 +179,7 @@ def report(header: dict[str, Any], times: dict[str, dict[str, float]], shapes: l
         "# Training step benchmark (CPU): all-MiniLM-L6-v2, sequence classification",
         "",
         f"`{header['command']}` — torch {header['torch']}, transformers {header['transformers']}, "
-        f"{header['threads']} torch threads on {header['cpu_count']} cores, commit {header['commit']}. "
+        f"{header['threads']} torch threads on {header['cpu_count']} cores, {header['source']}. "
         f"1-min load average {header['load_start']:.2f} at the start, {header['load_end']:.2f} at the end "
         "(a load above the core count means other processes shared the cores). "
         f"Step = forward with labels, backward, AdamW(lr {LR:g}) step, zero_grad; train() mode; a quarter of "
@@ -235,7 +224,7 @@ def main(argv: list[str] | None = None) -> int:
         "command": shlex.join(["python", "benchmarks/bench_training_step.py",
                                *(sys.argv[1:] if argv is None else argv)]),
         "torch": torch.__version__, "transformers": transformers.__version__, "python": platform.python_version(),
-        "threads": torch.get_num_threads(), "cpu_count": os.cpu_count(), "commit": source_state(),
+        "threads": torch.get_num_threads(), "cpu_count": os.cpu_count(), "source": source_state(),
         "checkpoint": str(checkpoint()), "steps": args.steps, "load_start": os.getloadavg()[0],
     }
     print(header, flush=True)
