@@ -61,7 +61,7 @@ import transformers  # noqa: E402
 from transformers import AutoConfig, AutoModelForSequenceClassification  # noqa: E402
 
 import hf_sliced_attn  # noqa: E402
-from benchmarks._report import source_state  # noqa: E402
+from benchmarks._report import Bar, source_state  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
@@ -199,13 +199,10 @@ def report(header: dict[str, Any], times: dict[str, dict[str, float]], shapes: l
     lines += ["", "## Bars", "", "| bar | measured | required | verdict |", "|---|---:|---:|---|"]
     for name, (batch, length), threshold in BARS:
         shape = f"{batch}x{length}"
-        value = speedup(times, name, shape)
-        verdict = "N/A (not measured)" if value is None else "PASS" if value >= threshold else "FAIL"
-        records.append({"contender": name, "shape": shape, "speedup_vs_sdpa": value, "required": threshold,
-                        "verdict": verdict})
-        measured = "–" if value is None else f"{value:.2f}×"
-        lines.append(f"| {name} at {batch}×{length}: sdpa time / {name} time | {measured} | ≥ {threshold:g}× "
-                     f"| **{verdict}** |")
+        bar = Bar(f"{name} at {batch}×{length}: sdpa time / {name} time", speedup(times, name, shape), threshold, True)
+        records.append({"contender": name, "shape": shape, "speedup_vs_sdpa": bar.value, "required": threshold,
+                        "verdict": bar.verdict})
+        lines.append(bar.row())
     return "\n".join(lines) + "\n", records
 
 
