@@ -40,6 +40,12 @@ sign 0 and ReLU slope 0).
 
 The sorting, ranking, blocked prefix scans and chunking are shared with the other sliced
 kernels (:mod:`._sorted`); this module holds the ReLU kernel's coefficients and gradients.
+
+Implementations. :func:`sliced_relu` picks one by device, never by a flag of the caller's:
+on CPU the C++ sweep kernel of :mod:`.sliced_relu_cpu` (the same function, with no D-wide
+prefix tensors at all, several times faster at every length), where it builds; on other
+devices, and on CPU where no C++ compiler is found (with a warning), the torch
+implementation above.
 """
 
 from __future__ import annotations
@@ -50,6 +56,7 @@ import torch
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
+from . import sliced_relu_cpu
 from ._common import compute_dtype
 from ._sorted import (
     SortedScalars,
@@ -290,4 +297,7 @@ def sliced_relu(
     check_scalar_shapes(query_scalars, key_scalars, value, key_padding_mask)
     if query_scalars.dim() == 3:
         query_scalars, key_scalars = query_scalars.unsqueeze(2), key_scalars.unsqueeze(2)
-    return _SlicedReLUFunction.apply(query_scalars, key_scalars, value, valid_keys(value, key_padding_mask))
+    valid = valid_keys(value, key_padding_mask)
+    if value.device.type == "cpu" and sliced_relu_cpu.available():
+        return sliced_relu_cpu.sliced_relu_cpu(query_scalars, key_scalars, value, valid)
+    return _SlicedReLUFunction.apply(query_scalars, key_scalars, value, valid)

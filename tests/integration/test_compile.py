@@ -160,9 +160,11 @@ def test_compiled_bump_op_still_checks_the_bandwidth():
 
 
 def test_a_graph_break_fails_the_compile(monkeypatch):
-    """The check can fail: with the eager-only padding test of the sliced ops (a tensor read as
-    a bool) used under compile as well, fullgraph=True refuses to compile the op."""
+    """The check can fail: with the eager-only padding test of the sliced ops' torch
+    implementation (a tensor read as a bool) used under compile as well, fullgraph=True refuses
+    to compile the op."""
     module = importlib.import_module("hf_sliced_attn.ops.sliced_relu")
+    monkeypatch.setattr(module.sliced_relu_cpu, "available", lambda: False)
     monkeypatch.setattr(module, "has_padding", lambda valid: not bool(valid.all()))
     scalars, value = torch.randn(1, 2, 6), torch.randn(1, 2, 6, 4)
     with pytest.raises(torch._dynamo.exc.TorchDynamoException):

@@ -5,12 +5,23 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hf_sliced_attn.ops import _sorted
+from hf_sliced_attn.ops import _sorted, sliced_relu_cpu
 from hf_sliced_attn.ops.naive import sliced_relu_reference
 from hf_sliced_attn.ops.sliced_relu import sliced_relu
 from tests.reference_checks import assert_matches_reference, outputs_and_grads, relative_error
 
 SCALARS_AND_VALUE = ("query_scalars", "key_scalars", "value")
+
+
+@pytest.fixture(autouse=True, params=["cpu_kernel", "torch"])
+def implementation(request, monkeypatch) -> str:
+    """Every test runs on both CPU implementations: the C++ sweep kernel (which must build here)
+    and the torch implementation (what other devices run)."""
+    if request.param == "cpu_kernel":
+        assert sliced_relu_cpu.available(), "the C++ CPU kernel did not build (see the NativeKernelWarning)"
+    else:
+        monkeypatch.setattr(sliced_relu_cpu, "available", lambda: False)
+    return request.param
 
 
 def _inputs(
@@ -65,8 +76,9 @@ def test_matches_reference(batch, heads, slices, q_len, k_len, dim, padded):
 
 @pytest.mark.parametrize("padded", [False, True])
 def test_many_chunks(monkeypatch, padded):
-    """With one (batch, head) row per chunk, the forward without a backward (one reused buffer
-    for the prefix sums at the queries) and the forward + backward both match the reference."""
+    """With one (batch, head) row per chunk of the torch implementation, the forward without a
+    backward (one reused buffer for the prefix sums at the queries) and the forward + backward
+    both match the reference."""
     monkeypatch.setattr(_sorted, "_CHUNK_ELEMENTS", 1)
     s, t, v = _inputs(3, 4, 2, 20, 25, 6, seed=1)
     mask = _padding(3, 25, seed=1) if padded else None

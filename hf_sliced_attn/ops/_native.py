@@ -1,0 +1,114 @@
+"""The package's C++ CPU kernels (``ops/csrc/*.cpp``): built on first use, loaded with ctypes.
+
+The kernels are C++17 with a C interface; the only torch header they include is
+``ATen/Parallel.h`` (their threads are torch's intra-op pool), so building one takes a few
+seconds with the system's C++ compiler (``$CXX``, else ``c++``/``g++``). The shared library
+is cached in ``$HF_SLICED_ATTN_CACHE`` (default ``~/.cache/hf_sliced_attn/kernels``), keyed by
+the source, the compiler, torch's version, the flags and the CPU, so it is built once per
+machine and torch. ctypes releases the GIL during a call.
+
+Where no kernel can be built (no compiler), :func:`load` returns None once, with a warning
+that says why and how to fix it, and the ops run their portable torch implementation (the
+same maths, slower on CPU). ``HF_SLICED_ATTN_NATIVE=0`` turns the kernels off.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+import warnings
+from pathlib import Path
+
+__all__ = ["NativeKernelWarning", "load"]
+
+import torch
+from torch.utils import cpp_extension
+
+_SOURCES = Path(__file__).with_name("csrc")
+
+
+def _flags() -> list[str]:
+    """Compiler flags: optimised for this CPU, against the installed torch's headers and
+    libraries (the kernels use ``at::parallel_for``, torch's own OpenMP thread pool), as torch
+    builds its C++ extensions."""
+    abi = int(torch.compiled_with_cxx11_abi())
+    return [
+        "-O3", "-march=native", "-std=c++17", "-shared", "-fPIC", "-fopenmp", f"-D_GLIBCXX_USE_CXX11_ABI={abi}",
+        *(f"-I{path}" for path in cpp_extension.include_paths()),
+        *(f"-L{path}" for path in cpp_extension.library_paths()),
+        *(f"-Wl,-rpath,{path}" for path in cpp_extension.library_paths()),
+        "-lc10", "-ltorch_cpu",
+    ]
+
+
+class NativeKernelWarning(UserWarning):
+    """A C++ kernel could not be built or loaded; the op runs its torch implementation."""
+
+
+def _compiler() -> str | None:
+    candidates = [os.environ["CXX"]] if os.environ.get("CXX") else ["c++", "g++", "clang++"]
+    return next((path for path in map(shutil.which, candidates) if path), None)
+
+
+def _machine() -> str:
+    """What ``-march=native`` builds for: the architecture and, on Linux, the CPU's model and flags."""
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+    except OSError:
+        lines = []
+    described = [line for line in lines if line.startswith(("model name", "flags", "Features", "CPU part"))]
+    return "\n".join([platform.machine(), *dict.fromkeys(described)])
+
+
+def _cache_dir() -> Path:
+    root = os.environ.get("HF_SLICED_ATTN_CACHE") or Path.home() / ".cache" / "hf_sliced_attn"
+    return Path(root) / "kernels"
+
+
+def _build(source: Path, compiler: str) -> Path:
+    """Compile ``source`` into the cache (once per source, compiler and machine) -> the library's path."""
+    version = subprocess.run([compiler, "--version"], capture_output=True, text=True, check=True).stdout
+    flags = _flags()
+    key = hashlib.sha256(
+        "\0".join([source.read_text(), compiler, version, torch.__version__, *flags, _machine()]).encode()
+    ).hexdigest()[:16]
+    target = _cache_dir() / f"{source.stem}-{key}.so"
+    if target.exists():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    # Build beside the target and rename: concurrent processes never load a half-written file.
+    with tempfile.TemporaryDirectory(dir=target.parent) as scratch:
+        built = Path(scratch) / target.name
+        result = subprocess.run([compiler, str(source), *flags, "-o", str(built)], capture_output=True, text=True)
+        if result.returncode:
+            raise RuntimeError(f"{compiler} failed on {source.name}:\n{result.stderr.strip()}")
+        os.replace(built, target)
+    return target
+
+
+@functools.cache
+def load(name: str) -> ctypes.CDLL | None:
+    """The kernel library ``csrc/<name>.cpp``, built if needed; None (with one warning) where it
+    cannot be built or loaded, or when ``HF_SLICED_ATTN_NATIVE=0``."""
+    if os.environ.get("HF_SLICED_ATTN_NATIVE", "1") == "0":
+        return None
+    compiler = _compiler()
+    problem = "no C++ compiler was found (install g++, or set CXX)"
+    if compiler is not None:
+        try:
+            return ctypes.CDLL(str(_build(_SOURCES / f"{name}.cpp", compiler)))
+        except (OSError, RuntimeError, subprocess.SubprocessError) as error:
+            problem = str(error)
+    warnings.warn(
+        f"hf_sliced_attn: the C++ CPU kernel {name!r} is not available, so this op runs its torch "
+        f"implementation on CPU (the same results, several times slower): {problem}. "
+        "Set HF_SLICED_ATTN_NATIVE=0 to choose the torch implementation without this warning.",
+        NativeKernelWarning, stacklevel=3,
+    )
+    return None

@@ -1,0 +1,456 @@
+// Sliced ReLU attention (arXiv 2512.11411) on CPU: one sorted sweep per (batch, head, slice).
+//
+// For one group (batch b, head h, slice m), with query scalars s (Tq), key scalars t (Tk),
+// values v (Tk, D), the n valid keys of batch b and u_j = v_j - vbar (vbar: their mean value):
+//
+//     out_i += [s_i P_u(c_i) - P_tu(c_i)] / (M den_i),   den_i = sum_l |s_i - t_l|
+//            = s_i (2 c_i - n) + P_t(n) - 2 P_t(c_i),
+//
+// with c_i = #{valid keys t_j < s_i} and P_x(c) the sum of x over the c smallest keys. Keys
+// and queries are sorted once; one merge sweep over both, in ascending order, carries
+// P_u, P_tu (D-wide) and P_t (scalar) from query to query, so that no prefix array is ever
+// stored: the work is O((Tq + Tk) D) after the sorts, and the memory O(D) per thread beyond
+// the inputs and outputs. The scalars are centred on the mean valid key (the kernel is
+// shift-invariant), and every sum is accumulated in double.
+//
+// Backward, for output gradients g (Tq, D), w_i = 1 / (M den_i) (0 where den_i = 0) and
+// e_i = w_i (g_i . N_i) / den_i, N_i = s_i P_u(c_i) - P_tu(c_i):
+//
+//     dL/ds_i = w_i g_i . P_u(c_i) - e_i sum_l sign(s_i - t_l)            (ascending sweep)
+//     dL/dt_j = sum_{s_i > t_j} e_i - sum_{s_i < t_j} e_i - u_j . S_w(j)    (both sweeps)
+//     dL/du_j = S_sw(j) - t_j S_w(j),  S_w(j) = sum_{s_i > t_j} w_i g_i,  S_sw(j) = sum s_i w_i g_i
+//                                                                         (descending sweep)
+//     dL/dv_j = dL/du_j - mean over the valid keys of dL/du.
+//
+// Ties contribute 0 to the output; at a tie sign(0) = 0. A query whose denominator is 0 (all
+// keys equal to it, or no valid key) gets 0, and so do its gradients. A group with a
+// non-finite scalar gets NaN outputs (std::sort needs a total order).
+//
+// Layouts (all contiguous): s (G, M, Tq) and t (G, M, Tk) double, G = B*H; v (G, Tk, D);
+// valid (B, Tk) uint8; out (G, Tq, D); the forward also writes, for the backward,
+// key_order (G, M, Tk) int32 (the valid keys in ascending order of t, then the padded keys),
+// query_order (G, M, Tq) int32 (ascending s) and den (G, M, Tq) double. Groups are split
+// over torch's intra-op threads (at::parallel_for). Entry points return 0, or 1 after an exception.
+
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <utility>
+#include <vector>
+
+namespace {
+
+using Index = std::int64_t;
+
+struct Shape {
+  Index batch, heads, slices, q_len, k_len, dim;
+  Index groups() const { return batch * heads; }
+};
+
+// Rows are visited in sorted order, i.e. at random: fetch the row kAhead visits ahead into cache.
+constexpr Index kAhead = 8;
+
+template <typename Scalar>
+inline void prefetch_row(const Scalar* row, Index dim) {
+  const char* bytes = reinterpret_cast<const char*>(row);
+  for (Index offset = 0; offset < dim * Index(sizeof(Scalar)); offset += 64) __builtin_prefetch(bytes + offset);
+}
+
+// Below this many D-wide element visits per call, one thread does all the groups.
+constexpr Index kParallelWork = Index(1) << 16;
+
+// body(g) for every group g, over torch's intra-op thread pool (the threads torch's own ops
+// use, so none compete with them for the cores); 0, or 1 after an exception.
+template <typename Body>
+int parallel_groups(const Shape& shape, Body body) {
+  const Index per_group = std::max<Index>(1, shape.slices * (shape.q_len + shape.k_len) * shape.dim);
+  const Index grain = std::max<Index>(1, kParallelWork / per_group);
+  try {
+    at::parallel_for(0, shape.groups(), grain, [&](Index begin, Index end) {
+      for (Index g = begin; g < end; ++g) body(g);
+    });
+  } catch (...) {
+    return 1;
+  }
+  return 0;
+}
+
+// The valid keys of one group: their indices, count and mean value (double, D).
+template <typename Scalar>
+struct ValidKeys {
+  std::vector<std::int32_t> index;
+  std::vector<double> mean;
+
+  void load(const Shape& shape, const std::uint8_t* valid_row, const Scalar* v) {
+    index.clear();
+    mean.assign(shape.dim, 0.0);
+    for (Index j = 0; j < shape.k_len; ++j) {
+      if (!valid_row[j]) continue;
+      index.push_back(static_cast<std::int32_t>(j));
+      const Scalar* row = v + j * shape.dim;
+      for (Index d = 0; d < shape.dim; ++d) mean[d] += row[d];
+    }
+    const double count = std::max<double>(1.0, static_cast<double>(index.size()));
+    for (auto& x : mean) x /= count;
+  }
+  Index n() const { return static_cast<Index>(index.size()); }
+};
+
+// Sorts n doubles, carrying an int32 index each: an LSD radix sort on order-preserving 64-bit
+// keys, one byte a pass, skipping the bytes that all keys share (the low mantissa bytes of
+// float32 values, the sign and exponent bytes of values of one scale).
+struct RadixSort {
+  std::vector<std::uint64_t> keys, keys_swap;
+  std::vector<std::int32_t> index, index_swap;
+
+  void assign(Index n) {
+    keys.resize(n);
+    index.resize(n);
+    keys_swap.resize(n);
+    index_swap.resize(n);
+  }
+  static std::uint64_t key(double x) {
+    std::uint64_t bits;
+    std::memcpy(&bits, &x, sizeof bits);
+    return (bits >> 63) ? ~bits : bits | (std::uint64_t(1) << 63);
+  }
+  static double value(std::uint64_t key) {
+    const std::uint64_t bits = (key >> 63) ? key & ~(std::uint64_t(1) << 63) : ~key;
+    double x;
+    std::memcpy(&x, &bits, sizeof x);
+    return x;
+  }
+  void run() {
+    const Index n = static_cast<Index>(keys.size());
+    if (n < 2) return;
+    Index counts[8][256] = {};
+    for (std::uint64_t k : keys)
+      for (int byte = 0; byte < 8; ++byte) ++counts[byte][(k >> (8 * byte)) & 255];
+    for (int byte = 0; byte < 8; ++byte) {
+      Index* count = counts[byte];
+      if (count[(keys[0] >> (8 * byte)) & 255] == n) continue;
+      Index offset = 0;
+      for (int digit = 0; digit < 256; ++digit) offset += std::exchange(count[digit], offset);
+      for (Index k = 0; k < n; ++k) {
+        const Index to = count[(keys[k] >> (8 * byte)) & 255]++;
+        keys_swap[to] = keys[k];
+        index_swap[to] = index[k];
+      }
+      keys.swap(keys_swap);
+      index.swap(index_swap);
+    }
+  }
+};
+
+// The mean of the valid keys' scalars: the centre of a slice (the kernel is shift-invariant).
+inline double centre_of(const double* t, const std::vector<std::int32_t>& valid) {
+  double centre = 0.0;
+  for (auto j : valid) centre += t[j];
+  return centre / std::max<double>(1.0, static_cast<double>(valid.size()));
+}
+
+// One slice of one group in sorted order: centred key scalars ts (valid keys, ascending),
+// centred query scalars ss (ascending) and the original indices of both.
+struct SortedSlice {
+  RadixSort sorter;
+  std::vector<double> ts, ss;
+  std::vector<std::int32_t> key_index, query_index;
+  double total_t = 0.0;  // P_t(n)
+
+  // Sorts the slice; false if a scalar is not finite.
+  bool sort(const double* s, const double* t, const std::vector<std::int32_t>& valid, Index q_len) {
+    const Index n = static_cast<Index>(valid.size());
+    const double centre = centre_of(t, valid);
+    if (!std::isfinite(centre)) return false;
+    sorter.assign(n);
+    for (Index k = 0; k < n; ++k) sorter.keys[k] = RadixSort::key(t[valid[k]]), sorter.index[k] = valid[k];
+    sorter.run();
+    key_index = sorter.index;
+    centred(sorter, centre, ts);
+    total_t = 0.0;
+    for (double x : ts) total_t += x;
+    sorter.assign(q_len);
+    for (Index i = 0; i < q_len; ++i) {
+      if (!std::isfinite(s[i])) return false;
+      sorter.keys[i] = RadixSort::key(s[i]), sorter.index[i] = static_cast<std::int32_t>(i);
+    }
+    sorter.run();
+    query_index = sorter.index;
+    centred(sorter, centre, ss);
+    return true;
+  }
+
+  // Reload from the orders the forward saved (key_order holds the valid keys first).
+  void load(const double* s, const double* t, const std::vector<std::int32_t>& valid, const std::int32_t* key_order,
+            const std::int32_t* query_order, Index q_len) {
+    const Index n = static_cast<Index>(valid.size());
+    const double centre = centre_of(t, valid);
+    key_index.assign(key_order, key_order + n);
+    query_index.assign(query_order, query_order + q_len);
+    ts.resize(n);
+    total_t = 0.0;
+    for (Index k = 0; k < n; ++k) total_t += (ts[k] = t[key_order[k]] - centre);
+    ss.resize(q_len);
+    for (Index i = 0; i < q_len; ++i) ss[i] = s[query_order[i]] - centre;
+  }
+
+ private:
+  // x - centre is non-decreasing in x, so the centred values stay sorted.
+  static void centred(const RadixSort& sorted, double centre, std::vector<double>& out) {
+    out.resize(sorted.keys.size());
+    for (size_t k = 0; k < out.size(); ++k) out[k] = RadixSort::value(sorted.keys[k]) - centre;
+  }
+};
+
+// The ascending sweep's running sums: P_u, P_tu (D) and P_t over the c keys below a point.
+template <typename Scalar>
+struct RunningPrefix {
+  std::vector<double> pu, ptu;
+  double pt = 0.0;
+  Index c = 0;
+
+  void reset(Index dim) {
+    pu.assign(dim, 0.0);
+    ptu.assign(dim, 0.0);
+    pt = 0.0;
+    c = 0;
+  }
+  // Take in every key below `point`.
+  void advance(double point, const SortedSlice& slice, const Scalar* v, const std::vector<double>& mean) {
+    const Index dim = static_cast<Index>(mean.size());
+    const Index n = static_cast<Index>(slice.ts.size());
+    double* __restrict pu_ = pu.data();
+    double* __restrict ptu_ = ptu.data();
+    const double* __restrict mean_ = mean.data();
+    for (; c < n && slice.ts[c] < point; ++c) {
+      if (c + kAhead < n) prefetch_row(v + static_cast<Index>(slice.key_index[c + kAhead]) * dim, dim);
+      const double tk = slice.ts[c];
+      const Scalar* __restrict row = v + static_cast<Index>(slice.key_index[c]) * dim;
+#pragma omp simd
+      for (Index d = 0; d < dim; ++d) {
+        const double u = static_cast<double>(row[d]) - mean_[d];
+        pu_[d] += u;
+        ptu_[d] += tk * u;
+      }
+      pt += tk;
+    }
+  }
+};
+
+template <typename Scalar>
+void forward_group(const Shape& shape, Index g, const double* s, const double* t, const Scalar* v,
+                   const std::uint8_t* valid, Scalar* out, std::int32_t* key_order, std::int32_t* query_order,
+                   double* den) {
+  const Index M = shape.slices, Tq = shape.q_len, Tk = shape.k_len, D = shape.dim;
+  const Scalar* vg = v + g * Tk * D;
+  Scalar* og = out + g * Tq * D;
+  thread_local ValidKeys<Scalar> keys;
+  thread_local SortedSlice slice;
+  thread_local RunningPrefix<Scalar> prefix;
+  const std::uint8_t* valid_row = valid + (g / shape.heads) * Tk;
+  keys.load(shape, valid_row, vg);
+  const Index n = keys.n();
+  std::fill(og, og + Tq * D, Scalar(0));
+  for (Index m = 0; m < M; ++m) {
+    const Index gm = g * M + m;
+    std::int32_t* ko = key_order + gm * Tk;
+    std::int32_t* qo = query_order + gm * Tq;
+    double* dg = den + gm * Tq;
+    if (!slice.sort(s + gm * Tq, t + gm * Tk, keys.index, Tq)) {
+      std::fill(og, og + Tq * D, std::numeric_limits<Scalar>::quiet_NaN());
+      for (Index k = 0; k < Tk; ++k) ko[k] = static_cast<std::int32_t>(k);
+      for (Index i = 0; i < Tq; ++i) qo[i] = static_cast<std::int32_t>(i);
+      std::fill(dg, dg + Tq, std::numeric_limits<double>::quiet_NaN());
+      continue;
+    }
+    std::copy(slice.key_index.begin(), slice.key_index.end(), ko);
+    for (Index j = 0, k = n; j < Tk; ++j)
+      if (!valid_row[j]) ko[k++] = static_cast<std::int32_t>(j);
+    std::copy(slice.query_index.begin(), slice.query_index.end(), qo);
+    prefix.reset(D);
+    for (Index q = 0; q < Tq; ++q) {
+      if (q + kAhead < Tq) prefetch_row(og + static_cast<Index>(slice.query_index[q + kAhead]) * D, D);
+      const double si = slice.ss[q];
+      prefix.advance(si, slice, vg, keys.mean);
+      const Index i = slice.query_index[q];
+      const double d_i = si * static_cast<double>(2 * prefix.c - n) + slice.total_t - 2.0 * prefix.pt;
+      dg[i] = d_i;
+      if (!(d_i > 0.0)) continue;
+      const double w = 1.0 / (static_cast<double>(M) * d_i);
+      Scalar* __restrict row = og + i * D;
+      const double* __restrict pu = prefix.pu.data();
+      const double* __restrict ptu = prefix.ptu.data();
+#pragma omp simd
+      for (Index d = 0; d < D; ++d) row[d] += static_cast<Scalar>((si * pu[d] - ptu[d]) * w);
+    }
+  }
+}
+
+// Per-thread scratch of the backward.
+struct BackwardScratch {
+  std::vector<double> e, w, s_w, s_sw, du;
+};
+
+// Ascending sweep: dL/ds and e_i (per sorted query) for one slice; fills scratch.e, scratch.w.
+template <typename Scalar>
+void scalar_gradients(const Shape& shape, const SortedSlice& slice, const ValidKeys<Scalar>& keys, const Scalar* vg,
+                      const Scalar* gg, const double* dg, double* ds, BackwardScratch& scratch,
+                      RunningPrefix<Scalar>& prefix) {
+  const Index M = shape.slices, Tq = shape.q_len, D = shape.dim, n = keys.n();
+  scratch.e.assign(Tq, 0.0);
+  scratch.w.assign(Tq, 0.0);
+  prefix.reset(D);
+  Index at_or_below = 0;
+  for (Index q = 0; q < Tq; ++q) {
+    const double si = slice.ss[q];
+    const Index i = slice.query_index[q];
+    if (q + kAhead < Tq) prefetch_row(gg + static_cast<Index>(slice.query_index[q + kAhead]) * D, D);
+    prefix.advance(si, slice, vg, keys.mean);
+    at_or_below = std::max(at_or_below, prefix.c);
+    while (at_or_below < n && slice.ts[at_or_below] <= si) ++at_or_below;
+    const double d_i = dg[i];
+    ds[i] = 0.0;
+    if (!(d_i > 0.0)) {
+      if (std::isnan(d_i)) ds[i] = d_i;
+      continue;
+    }
+    const double w = 1.0 / (static_cast<double>(M) * d_i);
+    const Scalar* __restrict grow = gg + i * D;
+    const double* __restrict pu = prefix.pu.data();
+    const double* __restrict ptu = prefix.ptu.data();
+    double dot_u = 0.0, dot_tu = 0.0;
+#pragma omp simd reduction(+ : dot_u, dot_tu)
+    for (Index d = 0; d < D; ++d) {
+      dot_u += grow[d] * pu[d];
+      dot_tu += grow[d] * ptu[d];
+    }
+    const double e = w * (si * dot_u - dot_tu) / d_i;
+    ds[i] = w * dot_u - e * static_cast<double>(prefix.c + at_or_below - n);
+    scratch.e[q] = e;
+    scratch.w[q] = w;
+  }
+}
+
+// dL/dt from the denominators: sum_{s_i > t_j} e_i - sum_{s_i < t_j} e_i, written for the valid keys.
+inline void key_sign_gradients(const SortedSlice& slice, const std::vector<double>& e, double* dt) {
+  const Index n = static_cast<Index>(slice.ts.size()), Tq = static_cast<Index>(slice.ss.size());
+  double total = 0.0;
+  for (double x : e) total += x;
+  double below = 0.0, at_or_below = 0.0;
+  Index a = 0, b = 0;
+  for (Index k = 0; k < n; ++k) {
+    const double tk = slice.ts[k];
+    for (; a < Tq && slice.ss[a] < tk; ++a) below += e[a];
+    if (b < a) b = a, at_or_below = below;
+    for (; b < Tq && slice.ss[b] <= tk; ++b) at_or_below += e[b];
+    dt[slice.key_index[k]] = (total - at_or_below) - below;
+  }
+}
+
+// Descending sweep: adds dL/du_j into scratch.du and -u_j . S_w(j) into dt, for the valid keys.
+template <typename Scalar>
+void value_gradients(const Shape& shape, const SortedSlice& slice, const ValidKeys<Scalar>& keys, const Scalar* vg,
+                     const Scalar* gg, double* dt, BackwardScratch& scratch) {
+  const Index Tq = shape.q_len, D = shape.dim, n = keys.n();
+  scratch.s_w.assign(D, 0.0);
+  scratch.s_sw.assign(D, 0.0);
+  double* __restrict s_w = scratch.s_w.data();
+  double* __restrict s_sw = scratch.s_sw.data();
+  const double* __restrict mean = keys.mean.data();
+  Index q = Tq - 1;
+  for (Index k = n - 1; k >= 0; --k) {
+    if (k >= kAhead) {
+      const Index ahead = slice.key_index[k - kAhead];
+      prefetch_row(vg + ahead * D, D);
+      prefetch_row(scratch.du.data() + ahead * D, D);
+    }
+    const double tk = slice.ts[k];
+    for (; q >= 0 && slice.ss[q] > tk; --q) {
+      if (q >= kAhead) prefetch_row(gg + static_cast<Index>(slice.query_index[q - kAhead]) * D, D);
+      const double w = scratch.w[q], sw = slice.ss[q] * w;
+      if (w == 0.0) continue;
+      const Scalar* __restrict grow = gg + static_cast<Index>(slice.query_index[q]) * D;
+#pragma omp simd
+      for (Index d = 0; d < D; ++d) {
+        s_w[d] += w * grow[d];
+        s_sw[d] += sw * grow[d];
+      }
+    }
+    const Index j = slice.key_index[k];
+    const Scalar* __restrict row = vg + j * D;
+    double* __restrict du = scratch.du.data() + j * D;
+    double dot = 0.0;
+#pragma omp simd reduction(+ : dot)
+    for (Index d = 0; d < D; ++d) {
+      du[d] += s_sw[d] - tk * s_w[d];
+      dot += (static_cast<double>(row[d]) - mean[d]) * s_w[d];
+    }
+    dt[j] -= dot;
+  }
+}
+
+template <typename Scalar>
+void backward_group(const Shape& shape, Index g, const Scalar* grad, const double* s, const double* t, const Scalar* v,
+                    const std::uint8_t* valid, const std::int32_t* key_order, const std::int32_t* query_order,
+                    const double* den, double* ds, double* dt, Scalar* dv) {
+  const Index M = shape.slices, Tq = shape.q_len, Tk = shape.k_len, D = shape.dim;
+  const Scalar* vg = v + g * Tk * D;
+  const Scalar* gg = grad + g * Tq * D;
+  thread_local ValidKeys<Scalar> keys;
+  thread_local SortedSlice slice;
+  thread_local RunningPrefix<Scalar> prefix;
+  thread_local BackwardScratch scratch;
+  keys.load(shape, valid + (g / shape.heads) * Tk, vg);
+  const Index n = keys.n();
+  scratch.du.assign(Tk * D, 0.0);
+  bool finite = true;
+  for (Index m = 0; m < M; ++m) {
+    const Index gm = g * M + m;
+    double* dtm = dt + gm * Tk;
+    std::fill(dtm, dtm + Tk, 0.0);
+    slice.load(s + gm * Tq, t + gm * Tk, keys.index, key_order + gm * Tk, query_order + gm * Tq, Tq);
+    scalar_gradients(shape, slice, keys, vg, gg, den + gm * Tq, ds + gm * Tq, scratch, prefix);
+    for (Index i = 0; i < Tq; ++i) finite = finite && !std::isnan(den[gm * Tq + i]);
+    key_sign_gradients(slice, scratch.e, dtm);
+    value_gradients(shape, slice, keys, vg, gg, dtm, scratch);
+  }
+  // v enters through u = v - vbar: dL/dv is dL/du minus its mean over the valid keys.
+  std::vector<double> mean(D, 0.0);
+  for (auto j : keys.index)
+    for (Index d = 0; d < D; ++d) mean[d] += scratch.du[j * D + d];
+  for (auto& x : mean) x /= std::max<double>(1.0, static_cast<double>(n));
+  Scalar* dvg = dv + g * Tk * D;
+  std::fill(dvg, dvg + Tk * D, Scalar(0));
+  for (auto j : keys.index)
+    for (Index d = 0; d < D; ++d) dvg[j * D + d] = static_cast<Scalar>(scratch.du[j * D + d] - mean[d]);
+  if (!finite) std::fill(dvg, dvg + Tk * D, std::numeric_limits<Scalar>::quiet_NaN());
+}
+
+}  // namespace
+
+#define SLICED_RELU_ENTRY_POINTS(SUFFIX, Scalar)                                                                   \
+  extern "C" int sliced_relu_forward_##SUFFIX(Index batch, Index heads, Index slices, Index q_len, Index k_len,    \
+                                              Index dim, const double* s, const double* t, const Scalar* v,      \
+                                              const std::uint8_t* valid, Scalar* out, std::int32_t* key_order,    \
+                                              std::int32_t* query_order, double* den) {            \
+    const Shape shape{batch, heads, slices, q_len, k_len, dim};                                                    \
+    return parallel_groups(shape, [&](Index g) {                                                        \
+      forward_group<Scalar>(shape, g, s, t, v, valid, out, key_order, query_order, den);                          \
+    });                                                                                                            \
+  }                                                                                                                \
+  extern "C" int sliced_relu_backward_##SUFFIX(                                                                    \
+      Index batch, Index heads, Index slices, Index q_len, Index k_len, Index dim, const Scalar* grad,              \
+      const double* s, const double* t, const Scalar* v, const std::uint8_t* valid, const std::int32_t* key_order, \
+      const std::int32_t* query_order, const double* den, double* ds, double* dt, Scalar* dv) {     \
+    const Shape shape{batch, heads, slices, q_len, k_len, dim};                                                    \
+    return parallel_groups(shape, [&](Index g) {                                                        \
+      backward_group<Scalar>(shape, g, grad, s, t, v, valid, key_order, query_order, den, ds, dt, dv);            \
+    });                                                                                                            \
+  }
+
+SLICED_RELU_ENTRY_POINTS(f32, float)
+SLICED_RELU_ENTRY_POINTS(f64, double)

@@ -1,0 +1,156 @@
+"""The C++ CPU kernel of sliced ReLU attention: its custom ops, and how it is built and loaded.
+
+Its values and gradients against the float64 reference are checked in test_sliced_relu.py
+(every test there runs on both CPU implementations)."""
+
+from __future__ import annotations
+
+import ctypes
+import warnings
+
+import pytest
+import torch
+
+from hf_sliced_attn.ops import _native, sliced_relu_cpu
+from hf_sliced_attn.ops.naive import sliced_relu_reference
+from hf_sliced_attn.ops.sliced_relu import sliced_relu
+from tests.reference_checks import relative_error
+
+TINY_KERNEL = 'extern "C" int answer() { return 42; }\n'
+
+
+@pytest.fixture
+def fresh_loader(monkeypatch, tmp_path):
+    """_native.load with an empty cache of its own, and its memo cleared before and after."""
+    monkeypatch.setenv("HF_SLICED_ATTN_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(_native, "_SOURCES", tmp_path)
+    _native.load.cache_clear()
+    yield tmp_path
+    _native.load.cache_clear()
+
+
+def _inputs(seed: int = 0) -> tuple[torch.Tensor, ...]:
+    generator = torch.Generator().manual_seed(seed)
+    s, t = torch.randn(2, 3, 2, 40, generator=generator), torch.randn(2, 3, 2, 50, generator=generator)
+    v = torch.randn(2, 3, 50, 8, generator=generator)
+    mask = torch.rand(2, 50, generator=generator) > 0.2
+    return s, t, v, mask
+
+
+def test_the_kernel_builds_here():
+    """CI has a C++ compiler: the fast path must be the one that runs."""
+    assert sliced_relu_cpu.available()
+
+
+def test_custom_op_registrations_pass_opcheck():
+    """Schema, fake (meta) implementation, autograd registration and dispatch, as torch checks them."""
+    s, t, v, mask = _inputs()
+    args = (s.double().requires_grad_(), t.double().requires_grad_(), v.requires_grad_(), mask)
+    torch.library.opcheck(torch.ops.hf_sliced_attn.sliced_relu_cpu.default, args)
+
+
+def test_compiles_as_one_graph_forward_and_backward():
+    s, t, v, mask = _inputs(1)
+    leaves = [x.clone().requires_grad_() for x in (s, t, v)]
+    compiled = torch.compile(sliced_relu, fullgraph=True, backend="aot_eager")
+    out = compiled(*leaves, mask)
+    grads = torch.autograd.grad(out.square().sum(), leaves)
+    eager_leaves = [x.clone().requires_grad_() for x in (s, t, v)]
+    expected = sliced_relu(*eager_leaves, mask)
+    expected_grads = torch.autograd.grad(expected.square().sum(), eager_leaves)
+    assert relative_error(out, expected) <= 1e-6
+    for grad, expected_grad in zip(grads, expected_grads):
+        assert relative_error(grad, expected_grad) <= 1e-6
+
+
+def test_results_do_not_depend_on_the_thread_count():
+    s, t, v, mask = _inputs(2)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        single = sliced_relu(s, t, v, mask)
+        torch.set_num_threads(max(2, threads))
+        many = sliced_relu(s, t, v, mask)
+    finally:
+        torch.set_num_threads(threads)
+    assert torch.equal(single, many)
+
+
+def test_a_non_finite_scalar_gives_nan_in_its_group_only():
+    """std::sort-style sorting needs a total order: the kernel checks, and the (batch, head) group
+    with the NaN (or inf) gets NaN rather than undefined behaviour; the others are untouched."""
+    s, t, v, mask = _inputs(3)
+    s[0, 1, 0, 5] = float("nan")
+    t[1, 2, 1, 7] = float("inf")
+    out = sliced_relu(s, t, v, mask)
+    expected = sliced_relu_reference(s.double(), t.double(), v.double(), mask)
+    assert out[0, 1].isnan().all() and out[1, 2].isnan().all()
+    keep = torch.ones(2, 3, dtype=torch.bool)
+    keep[0, 1] = keep[1, 2] = False
+    assert relative_error(out[keep], expected[keep]) <= 1e-5
+
+
+def test_non_contiguous_inputs():
+    """Attention layers pass transposed views; the op makes them contiguous itself."""
+    s, t, v, mask = _inputs(4)
+    v_view = v.transpose(2, 3).contiguous().transpose(2, 3)
+    s_view = s.transpose(2, 3).contiguous().transpose(2, 3)
+    assert not v_view.is_contiguous() and not s_view.is_contiguous()
+    assert torch.equal(sliced_relu(s_view, t, v_view, mask), sliced_relu(s, t, v, mask))
+
+
+def test_builds_once_into_the_cache(fresh_loader):
+    (fresh_loader / "tiny.cpp").write_text(TINY_KERNEL)
+    library = _native.load("tiny")
+    assert library.answer() == 42
+    built = list((fresh_loader / "cache" / "kernels").glob("tiny-*.so"))
+    assert len(built) == 1
+    stamp = built[0].stat().st_mtime_ns
+    _native.load.cache_clear()
+    assert _native.load("tiny").answer() == 42
+    assert built[0].stat().st_mtime_ns == stamp  # loaded, not rebuilt
+
+
+def test_a_source_change_builds_a_new_library(fresh_loader):
+    (fresh_loader / "tiny.cpp").write_text(TINY_KERNEL)
+    _native.load("tiny")
+    (fresh_loader / "tiny.cpp").write_text(TINY_KERNEL.replace("42", "43"))
+    _native.load.cache_clear()
+    assert _native.load("tiny").answer() == 43
+
+
+def test_no_compiler_warns_with_the_fix(fresh_loader, monkeypatch):
+    (fresh_loader / "tiny.cpp").write_text(TINY_KERNEL)
+    monkeypatch.setattr(_native, "_compiler", lambda: None)
+    with pytest.warns(_native.NativeKernelWarning, match=r"no C\+\+ compiler was found \(install g\+\+, or set CXX\)"):
+        assert _native.load("tiny") is None
+
+
+def test_a_failing_build_warns_with_the_compiler_output(fresh_loader):
+    (fresh_loader / "broken.cpp").write_text("this is not C++\n")
+    with pytest.warns(_native.NativeKernelWarning, match=r"failed on broken\.cpp"):
+        assert _native.load("broken") is None
+
+
+def test_turned_off_by_the_environment_without_a_warning(fresh_loader, monkeypatch):
+    (fresh_loader / "tiny.cpp").write_text(TINY_KERNEL)
+    monkeypatch.setenv("HF_SLICED_ATTN_NATIVE", "0")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert _native.load("tiny") is None
+
+
+def test_without_the_kernel_the_op_runs_the_torch_implementation(monkeypatch):
+    """Same function, other implementation: the op's output still matches the reference."""
+    monkeypatch.setattr(sliced_relu_cpu, "available", lambda: False)
+    monkeypatch.setattr(sliced_relu_cpu, "_forward", None)  # any use of the kernel would fail
+    s, t, v, mask = _inputs(5)
+    expected = sliced_relu_reference(s.double(), t.double(), v.double(), mask)
+    assert relative_error(sliced_relu(s, t, v, mask), expected) <= 1e-5
+
+
+def test_the_library_exports_both_dtypes():
+    library = _native.load("sliced_relu_cpu")
+    assert isinstance(library, ctypes.CDLL)
+    for name in ("forward_f32", "forward_f64", "backward_f32", "backward_f64"):
+        assert hasattr(library, f"sliced_relu_{name}")
