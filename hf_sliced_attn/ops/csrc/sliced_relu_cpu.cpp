@@ -292,7 +292,7 @@ void forward_group(const Shape& shape, Index g, const double* s, const double* t
 
 // Per-thread scratch of the backward.
 struct BackwardScratch {
-  std::vector<double> e, w, s_w, s_sw, du;
+  std::vector<double> e, w, s_w, s_sw;
 };
 
 // Ascending sweep: dL/ds and e_i (per sorted query) for one slice; fills scratch.e, scratch.w.
@@ -351,10 +351,10 @@ inline void key_sign_gradients(const SortedSlice& slice, const std::vector<doubl
   }
 }
 
-// Descending sweep: adds dL/du_j into scratch.du and -u_j . S_w(j) into dt, for the valid keys.
+// Descending sweep: adds dL/du_j into du (Tk, D) and -u_j . S_w(j) into dt, for the valid keys.
 template <typename Scalar>
 void value_gradients(const Shape& shape, const SortedSlice& slice, const ValidKeys<Scalar>& keys, const Scalar* vg,
-                     const Scalar* gg, double* dt, BackwardScratch& scratch) {
+                     const Scalar* gg, Scalar* du, double* dt, BackwardScratch& scratch) {
   const Index Tq = shape.q_len, D = shape.dim, n = keys.n();
   scratch.s_w.assign(D, 0.0);
   scratch.s_sw.assign(D, 0.0);
@@ -366,7 +366,7 @@ void value_gradients(const Shape& shape, const SortedSlice& slice, const ValidKe
     if (k >= kAhead) {
       const Index ahead = slice.key_index[k - kAhead];
       prefetch_row(vg + ahead * D, D);
-      prefetch_row(scratch.du.data() + ahead * D, D);
+      prefetch_row(du + ahead * D, D);
     }
     const double tk = slice.ts[k];
     for (; q >= 0 && slice.ss[q] > tk; --q) {
@@ -382,11 +382,11 @@ void value_gradients(const Shape& shape, const SortedSlice& slice, const ValidKe
     }
     const Index j = slice.key_index[k];
     const Scalar* __restrict row = vg + j * D;
-    double* __restrict du = scratch.du.data() + j * D;
+    Scalar* __restrict du_row = du + j * D;
     double dot = 0.0;
 #pragma omp simd reduction(+ : dot)
     for (Index d = 0; d < D; ++d) {
-      du[d] += s_sw[d] - tk * s_w[d];
+      du_row[d] += static_cast<Scalar>(s_sw[d] - tk * s_w[d]);
       dot += (static_cast<double>(row[d]) - mean[d]) * s_w[d];
     }
     dt[j] -= dot;
@@ -406,7 +406,8 @@ void backward_group(const Shape& shape, Index g, const Scalar* grad, const doubl
   thread_local BackwardScratch scratch;
   keys.load(shape, valid + (g / shape.heads) * Tk, vg);
   const Index n = keys.n();
-  scratch.du.assign(Tk * D, 0.0);
+  Scalar* dvg = dv + g * Tk * D;  // dL/du, accumulated over the slices, then made dL/dv
+  std::fill(dvg, dvg + Tk * D, Scalar(0));
   bool finite = true;
   for (Index m = 0; m < M; ++m) {
     const Index gm = g * M + m;
@@ -416,18 +417,20 @@ void backward_group(const Shape& shape, Index g, const Scalar* grad, const doubl
     scalar_gradients(shape, slice, keys, vg, gg, den + gm * Tq, ds + gm * Tq, scratch, prefix);
     for (Index i = 0; i < Tq; ++i) finite = finite && !std::isnan(den[gm * Tq + i]);
     key_sign_gradients(slice, scratch.e, dtm);
-    value_gradients(shape, slice, keys, vg, gg, dtm, scratch);
+    value_gradients(shape, slice, keys, vg, gg, dvg, dtm, scratch);
+  }
+  if (!finite) {
+    std::fill(dvg, dvg + Tk * D, std::numeric_limits<Scalar>::quiet_NaN());
+    return;
   }
   // v enters through u = v - vbar: dL/dv is dL/du minus its mean over the valid keys.
-  std::vector<double> mean(D, 0.0);
+  std::vector<double>& mean = scratch.s_w;
+  mean.assign(D, 0.0);
   for (auto j : keys.index)
-    for (Index d = 0; d < D; ++d) mean[d] += scratch.du[j * D + d];
+    for (Index d = 0; d < D; ++d) mean[d] += dvg[j * D + d];
   for (auto& x : mean) x /= std::max<double>(1.0, static_cast<double>(n));
-  Scalar* dvg = dv + g * Tk * D;
-  std::fill(dvg, dvg + Tk * D, Scalar(0));
   for (auto j : keys.index)
-    for (Index d = 0; d < D; ++d) dvg[j * D + d] = static_cast<Scalar>(scratch.du[j * D + d] - mean[d]);
-  if (!finite) std::fill(dvg, dvg + Tk * D, std::numeric_limits<Scalar>::quiet_NaN());
+    for (Index d = 0; d < D; ++d) dvg[j * D + d] = static_cast<Scalar>(dvg[j * D + d] - mean[d]);
 }
 
 }  // namespace
