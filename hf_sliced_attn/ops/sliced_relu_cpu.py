@@ -46,8 +46,8 @@ def _kernels() -> dict[str, ctypes._CFuncPtr] | None:
     sizes = [ctypes.c_int64] * 6
     p = ctypes.c_void_p
     signatures = {
-        "forward": [*sizes] + [p] * 8,
-        "backward": [*sizes] + [p] * 11,
+        "forward": [*sizes] + [p] * 9,
+        "backward": [*sizes] + [p] * 12,
     }
     kernels = {}
     for step, argtypes in signatures.items():
@@ -58,12 +58,20 @@ def _kernels() -> dict[str, ctypes._CFuncPtr] | None:
     return kernels
 
 
-def _call(step: str, v: Tensor, sizes: tuple[int, ...], *tensors: Tensor) -> None:
-    """Run the kernel ``step`` for v's dtype on contiguous CPU tensors."""
+def _call(step: str, v: Tensor, sizes: tuple[int, ...], tensors: tuple[Tensor, ...], rows: tuple[Tensor, ...]) -> None:
+    """Run the kernel ``step`` for v's dtype on CPU tensors; ``rows`` are the (B, H, T, D)
+    tensors among them, passed with their (batch, head, token) strides (last dim contiguous)."""
     suffix = {torch.float32: "f32", torch.float64: "f64"}[v.dtype]
-    status = _kernels()[f"{step}_{suffix}"](*sizes, *(ctypes.c_void_p(x.data_ptr()) for x in tensors))
+    strides = [stride for x in rows for stride in x.stride()[:3]]
+    pointers = [ctypes.c_void_p(x.data_ptr()) for x in tensors]
+    status = _kernels()[f"{step}_{suffix}"](*sizes, *pointers, (ctypes.c_int64 * len(strides))(*strides))
     if status:
         raise RuntimeError(f"the sliced ReLU CPU kernel failed in its {step} (out of memory?)")
+
+
+def _output(v: Tensor, batch: int, heads: int, q_len: int, dim: int) -> Tensor:
+    """An uninitialised (B, H, Tq, D) tensor in (B, Tq, H, D) memory."""
+    return v.new_empty(batch, q_len, heads, dim).transpose(1, 2)
 
 
 def _sizes(s: Tensor, v: Tensor) -> tuple[int, ...]:
@@ -73,16 +81,17 @@ def _sizes(s: Tensor, v: Tensor) -> tuple[int, ...]:
 
 @torch.library.custom_op("hf_sliced_attn::sliced_relu_cpu", mutates_args=(), device_types="cpu")
 def _forward(s: Tensor, t: Tensor, v: Tensor, valid: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """s (B, H, M, Tq), t (B, H, M, Tk) float64; v (B, H, Tk, D) float32/64; valid (B, Tk) bool,
-    all contiguous -> out (B, H, Tq, D) in v's dtype, and for the backward key_order
+    """s (B, H, M, Tq), t (B, H, M, Tk) float64 and valid (B, Tk) bool, contiguous; v (B, H, Tk, D)
+    float32/64 with a contiguous last dim -> out (B, H, Tq, D) in v's dtype, laid out as
+    (B, Tq, H, D) (what attention layers reshape next), and for the backward key_order
     (B, H, M, Tk) int32, query_order (B, H, M, Tq) int32, den (B, H, M, Tq) float64."""
     sizes = _sizes(s, v)
     batch, heads, slices, q_len, k_len, dim = sizes
-    out = v.new_empty(batch, heads, q_len, dim)
+    out = _output(v, batch, heads, q_len, dim)
     key_order = torch.empty(batch, heads, slices, k_len, dtype=torch.int32)
     query_order = torch.empty(batch, heads, slices, q_len, dtype=torch.int32)
     den = torch.empty(batch, heads, slices, q_len, dtype=torch.float64)
-    _call("forward", v, sizes, s, t, v, valid, out, key_order, query_order, den)
+    _call("forward", v, sizes, (s, t, v, valid, out, key_order, query_order, den), (v, out))
     return out, key_order, query_order, den
 
 
@@ -90,7 +99,7 @@ def _forward(s: Tensor, t: Tensor, v: Tensor, valid: Tensor) -> tuple[Tensor, Te
 def _(s: Tensor, t: Tensor, v: Tensor, valid: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     batch, heads, slices, q_len, k_len, dim = _sizes(s, v)
     return (
-        v.new_empty(batch, heads, q_len, dim),
+        _output(v, batch, heads, q_len, dim),
         s.new_empty(batch, heads, slices, k_len, dtype=torch.int32),
         s.new_empty(batch, heads, slices, q_len, dtype=torch.int32),
         s.new_empty(batch, heads, slices, q_len),
@@ -102,16 +111,22 @@ def _backward(
     grad: Tensor, s: Tensor, t: Tensor, v: Tensor, valid: Tensor, key_order: Tensor, query_order: Tensor,
     den: Tensor,
 ) -> tuple[Tensor, Tensor, Tensor]:
-    """grad (B, H, Tq, D) in v's dtype and the forward's inputs and saved state -> dL/ds, dL/dt
-    (float64) and dL/dv (v's dtype)."""
+    """grad (B, H, Tq, D) in v's dtype with a contiguous last dim, and the forward's inputs and
+    saved state -> dL/ds, dL/dt (float64) and dL/dv (v's dtype and layout)."""
     ds, dt, dv = torch.empty_like(s), torch.empty_like(t), torch.empty_like(v)
-    _call("backward", v, _sizes(s, v), grad, s, t, v, valid, key_order, query_order, den, ds, dt, dv)
+    tensors = (grad, s, t, v, valid, key_order, query_order, den, ds, dt, dv)
+    _call("backward", v, _sizes(s, v), tensors, (grad, v, dv))
     return ds, dt, dv
 
 
 @_backward.register_fake
 def _(grad, s, t, v, valid, key_order, query_order, den) -> tuple[Tensor, Tensor, Tensor]:
     return torch.empty_like(s), torch.empty_like(t), torch.empty_like(v)
+
+
+def _rows(x: Tensor) -> Tensor:
+    """x itself when its last dim is contiguous (any other layout is read in place), else a copy."""
+    return x if x.stride(-1) == 1 else x.contiguous()
 
 
 def _setup_context(ctx, inputs: tuple[Tensor, ...], output: tuple[Tensor, ...]) -> None:
@@ -122,7 +137,7 @@ def _setup_context(ctx, inputs: tuple[Tensor, ...], output: tuple[Tensor, ...]) 
 
 def _backward_rule(ctx, grad: Tensor, *_unused: Tensor) -> tuple[Tensor, Tensor, Tensor, None]:
     s, t, v, valid, key_order, query_order, den = ctx.saved_tensors
-    ds, dt, dv = _backward(grad.to(v.dtype).contiguous(), s, t, v, valid, key_order, query_order, den)
+    ds, dt, dv = _backward(_rows(grad.to(v.dtype)), s, t, v, valid, key_order, query_order, den)
     return ds, dt, dv, None
 
 
@@ -136,7 +151,7 @@ def sliced_relu_cpu(query_scalars: Tensor, key_scalars: Tensor, value: Tensor, v
     bool (True = real key) -> (B, H, Tq, D) in value's dtype. The scalars are taken in float64,
     the values in float32 (float16/bfloat16) or their own dtype.
     """
-    work = value.to(compute_dtype(value.dtype)).contiguous()
+    work = _rows(value.to(compute_dtype(value.dtype)))
     out, *_ = _forward(
         query_scalars.double().contiguous(), key_scalars.double().contiguous(), work,
         valid.to(torch.bool).contiguous(),

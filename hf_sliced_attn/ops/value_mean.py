@@ -34,16 +34,25 @@ def value_mean(
     check_sliding_window(sliding_window)
     dtype = compute_dtype(value.dtype)
     v = value.to(dtype)
+    if sliding_window is None:
+        return _global_mean(v, key_padding_mask).to(value.dtype)
     if key_padding_mask is None:
         keys = torch.ones(1, 1, length, 1, dtype=dtype, device=value.device)
     else:
         keys = key_padding_mask.to(dtype)[:, None, :, None]  # (B, 1, T, 1)
         v = v * keys
-    if sliding_window is None:
-        total, count = v.sum(2, keepdim=True), keys.sum(2, keepdim=True)
-    else:
-        total, count = _window_sums(v, sliding_window), _window_sums(keys, sliding_window)
+    total, count = _window_sums(v, sliding_window), _window_sums(keys, sliding_window)
     return (total / count.clamp_min(1)).to(value.dtype)
+
+
+def _global_mean(v: torch.Tensor, key_padding_mask: torch.Tensor | None) -> torch.Tensor:
+    """(B, H, 1, D): the mean of v (B, H, T, D) over the valid keys, as one (1, T) @ (T, D)
+    product per (batch, head): no masked copy of v."""
+    if key_padding_mask is None:
+        return v.mean(2, keepdim=True)
+    keys = key_padding_mask.to(v.dtype)  # (B, T)
+    weights = keys / keys.sum(-1, keepdim=True).clamp_min(1)
+    return torch.matmul(weights[:, None, None, :], v)
 
 
 def _window_sums(x: torch.Tensor, window: int) -> torch.Tensor:

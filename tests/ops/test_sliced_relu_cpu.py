@@ -99,6 +99,24 @@ def test_non_contiguous_inputs():
     assert torch.equal(sliced_relu(s_view, t, v_view, mask), sliced_relu(s, t, v, mask))
 
 
+def test_token_major_layout_is_read_and_written_in_place():
+    """Attention layers hold q, k, v as (B, T, H, D) buffers seen as (B, H, T, D): the kernel reads
+    v and the output gradient in that layout, writes the output and dL/dv in it, and gives the
+    results of contiguous inputs."""
+    s, t, v, mask = _inputs(6)
+    token_major = v.transpose(1, 2).contiguous().requires_grad_()
+    v_view = token_major.transpose(1, 2)
+    out = sliced_relu(s, t, v_view, mask)
+    assert out.transpose(1, 2).is_contiguous()  # (B, T, H, D) memory: reshaping to (B, T, H*D) is free
+    grad_output = torch.randn(out.transpose(1, 2).shape).transpose(1, 2)
+    (dv,) = torch.autograd.grad(out, token_major, grad_output)
+    v_plain = v.clone().requires_grad_()
+    expected = sliced_relu(s, t, v_plain, mask)
+    (expected_dv,) = torch.autograd.grad(expected, v_plain, grad_output.contiguous())
+    assert torch.equal(out, expected)
+    assert torch.equal(dv.transpose(1, 2), expected_dv)
+
+
 def test_builds_once_into_the_cache(fresh_loader):
     (fresh_loader / "tiny.cpp").write_text(TINY_KERNEL)
     library = _native.load("tiny")

@@ -130,7 +130,7 @@ class SlicedOutputAffine(PluginModule):
     def forward(self, attention: torch.Tensor, value_mean: torch.Tensor) -> torch.Tensor:
         gain = self.gain.to(attention.dtype)[:, None, None]
         mean_weight = self.mean_weight.to(attention.dtype)[:, None, None]
-        return gain * attention + mean_weight * value_mean
+        return torch.addcmul(mean_weight * value_mean, gain, attention)
 
     def extra_repr(self) -> str:
         return f"num_heads={self.num_heads}"

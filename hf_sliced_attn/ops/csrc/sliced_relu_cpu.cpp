@@ -26,8 +26,10 @@
 // keys equal to it, or no valid key) gets 0, and so do its gradients. A group with a
 // non-finite scalar gets NaN outputs (std::sort needs a total order).
 //
-// Layouts (all contiguous): s (G, M, Tq) and t (G, M, Tk) double, G = B*H; v (G, Tk, D);
-// valid (B, Tk) uint8; out (G, Tq, D); the forward also writes, for the backward,
+// Layouts: s (G, M, Tq) and t (G, M, Tk) double, G = B*H, contiguous; valid (B, Tk) uint8;
+// v (B, H, Tk, D), out (B, H, Tq, D) and the gradients with any (batch, head, token) strides
+// and a contiguous last dim (so that (B, T, H, D) buffers need no transposed copies); the
+// forward also writes, for the backward,
 // key_order (G, M, Tk) int32 (the valid keys in ascending order of t, then the padded keys),
 // query_order (G, M, Tq) int32 (ascending s) and den (G, M, Tq) double. Groups are split
 // over torch's intra-op threads (at::parallel_for). Entry points return 0, or 1 after an exception.
@@ -50,6 +52,26 @@ struct Shape {
   Index batch, heads, slices, q_len, k_len, dim;
   Index groups() const { return batch * heads; }
 };
+
+// The rows of one (batch, head) group of a (B, H, T, D) tensor whose last dim is contiguous:
+// rows[i] points at token i's D values.
+template <typename T>
+struct Rows {
+  T* base;
+  Index stride;
+  T* operator[](Index row) const { return base + row * stride; }
+};
+
+// Group g = b * H + h of a tensor with element strides (batch, head, token).
+template <typename T>
+Rows<T> group_rows(T* data, const Index* strides, const Shape& shape, Index g) {
+  return {data + (g / shape.heads) * strides[0] + (g % shape.heads) * strides[1], strides[2]};
+}
+
+template <typename T>
+void fill_rows(Rows<T> rows, Index count, Index dim, T value) {
+  for (Index i = 0; i < count; ++i) std::fill(rows[i], rows[i] + dim, value);
+}
 
 // Rows are visited in sorted order, i.e. at random: fetch the row kAhead visits ahead into cache.
 constexpr Index kAhead = 8;
@@ -85,13 +107,13 @@ struct ValidKeys {
   std::vector<std::int32_t> index;
   std::vector<double> mean;
 
-  void load(const Shape& shape, const std::uint8_t* valid_row, const Scalar* v) {
+  void load(const Shape& shape, const std::uint8_t* valid_row, Rows<const Scalar> v) {
     index.clear();
     mean.assign(shape.dim, 0.0);
     for (Index j = 0; j < shape.k_len; ++j) {
       if (!valid_row[j]) continue;
       index.push_back(static_cast<std::int32_t>(j));
-      const Scalar* row = v + j * shape.dim;
+      const Scalar* row = v[j];
       for (Index d = 0; d < shape.dim; ++d) mean[d] += row[d];
     }
     const double count = std::max<double>(1.0, static_cast<double>(index.size()));
@@ -220,16 +242,16 @@ struct RunningPrefix {
     c = 0;
   }
   // Take in every key below `point`.
-  void advance(double point, const SortedSlice& slice, const Scalar* v, const std::vector<double>& mean) {
+  void advance(double point, const SortedSlice& slice, Rows<const Scalar> v, const std::vector<double>& mean) {
     const Index dim = static_cast<Index>(mean.size());
     const Index n = static_cast<Index>(slice.ts.size());
     double* __restrict pu_ = pu.data();
     double* __restrict ptu_ = ptu.data();
     const double* __restrict mean_ = mean.data();
     for (; c < n && slice.ts[c] < point; ++c) {
-      if (c + kAhead < n) prefetch_row(v + static_cast<Index>(slice.key_index[c + kAhead]) * dim, dim);
+      if (c + kAhead < n) prefetch_row(v[slice.key_index[c + kAhead]], dim);
       const double tk = slice.ts[c];
-      const Scalar* __restrict row = v + static_cast<Index>(slice.key_index[c]) * dim;
+      const Scalar* __restrict row = v[slice.key_index[c]];
 #pragma omp simd
       for (Index d = 0; d < dim; ++d) {
         const double u = static_cast<double>(row[d]) - mean_[d];
@@ -244,24 +266,24 @@ struct RunningPrefix {
 template <typename Scalar>
 void forward_group(const Shape& shape, Index g, const double* s, const double* t, const Scalar* v,
                    const std::uint8_t* valid, Scalar* out, std::int32_t* key_order, std::int32_t* query_order,
-                   double* den) {
+                   double* den, const Index* strides) {
   const Index M = shape.slices, Tq = shape.q_len, Tk = shape.k_len, D = shape.dim;
-  const Scalar* vg = v + g * Tk * D;
-  Scalar* og = out + g * Tq * D;
+  const Rows<const Scalar> vg = group_rows(v, strides, shape, g);
+  const Rows<Scalar> og = group_rows(out, strides + 3, shape, g);
   thread_local ValidKeys<Scalar> keys;
   thread_local SortedSlice slice;
   thread_local RunningPrefix<Scalar> prefix;
   const std::uint8_t* valid_row = valid + (g / shape.heads) * Tk;
   keys.load(shape, valid_row, vg);
   const Index n = keys.n();
-  std::fill(og, og + Tq * D, Scalar(0));
+  fill_rows(og, Tq, D, Scalar(0));
   for (Index m = 0; m < M; ++m) {
     const Index gm = g * M + m;
     std::int32_t* ko = key_order + gm * Tk;
     std::int32_t* qo = query_order + gm * Tq;
     double* dg = den + gm * Tq;
     if (!slice.sort(s + gm * Tq, t + gm * Tk, keys.index, Tq)) {
-      std::fill(og, og + Tq * D, std::numeric_limits<Scalar>::quiet_NaN());
+      fill_rows(og, Tq, D, std::numeric_limits<Scalar>::quiet_NaN());
       for (Index k = 0; k < Tk; ++k) ko[k] = static_cast<std::int32_t>(k);
       for (Index i = 0; i < Tq; ++i) qo[i] = static_cast<std::int32_t>(i);
       std::fill(dg, dg + Tq, std::numeric_limits<double>::quiet_NaN());
@@ -273,7 +295,7 @@ void forward_group(const Shape& shape, Index g, const double* s, const double* t
     std::copy(slice.query_index.begin(), slice.query_index.end(), qo);
     prefix.reset(D);
     for (Index q = 0; q < Tq; ++q) {
-      if (q + kAhead < Tq) prefetch_row(og + static_cast<Index>(slice.query_index[q + kAhead]) * D, D);
+      if (q + kAhead < Tq) prefetch_row(og[slice.query_index[q + kAhead]], D);
       const double si = slice.ss[q];
       prefix.advance(si, slice, vg, keys.mean);
       const Index i = slice.query_index[q];
@@ -281,7 +303,7 @@ void forward_group(const Shape& shape, Index g, const double* s, const double* t
       dg[i] = d_i;
       if (!(d_i > 0.0)) continue;
       const double w = 1.0 / (static_cast<double>(M) * d_i);
-      Scalar* __restrict row = og + i * D;
+      Scalar* __restrict row = og[i];
       const double* __restrict pu = prefix.pu.data();
       const double* __restrict ptu = prefix.ptu.data();
 #pragma omp simd
@@ -297,8 +319,8 @@ struct BackwardScratch {
 
 // Ascending sweep: dL/ds and e_i (per sorted query) for one slice; fills scratch.e, scratch.w.
 template <typename Scalar>
-void scalar_gradients(const Shape& shape, const SortedSlice& slice, const ValidKeys<Scalar>& keys, const Scalar* vg,
-                      const Scalar* gg, const double* dg, double* ds, BackwardScratch& scratch,
+void scalar_gradients(const Shape& shape, const SortedSlice& slice, const ValidKeys<Scalar>& keys,
+                      Rows<const Scalar> vg, Rows<const Scalar> gg, const double* dg, double* ds, BackwardScratch& scratch,
                       RunningPrefix<Scalar>& prefix) {
   const Index M = shape.slices, Tq = shape.q_len, D = shape.dim, n = keys.n();
   scratch.e.assign(Tq, 0.0);
@@ -308,7 +330,7 @@ void scalar_gradients(const Shape& shape, const SortedSlice& slice, const ValidK
   for (Index q = 0; q < Tq; ++q) {
     const double si = slice.ss[q];
     const Index i = slice.query_index[q];
-    if (q + kAhead < Tq) prefetch_row(gg + static_cast<Index>(slice.query_index[q + kAhead]) * D, D);
+    if (q + kAhead < Tq) prefetch_row(gg[slice.query_index[q + kAhead]], D);
     prefix.advance(si, slice, vg, keys.mean);
     at_or_below = std::max(at_or_below, prefix.c);
     while (at_or_below < n && slice.ts[at_or_below] <= si) ++at_or_below;
@@ -319,7 +341,7 @@ void scalar_gradients(const Shape& shape, const SortedSlice& slice, const ValidK
       continue;
     }
     const double w = 1.0 / (static_cast<double>(M) * d_i);
-    const Scalar* __restrict grow = gg + i * D;
+    const Scalar* __restrict grow = gg[i];
     const double* __restrict pu = prefix.pu.data();
     const double* __restrict ptu = prefix.ptu.data();
     double dot_u = 0.0, dot_tu = 0.0;
@@ -353,8 +375,9 @@ inline void key_sign_gradients(const SortedSlice& slice, const std::vector<doubl
 
 // Descending sweep: adds dL/du_j into du (Tk, D) and -u_j . S_w(j) into dt, for the valid keys.
 template <typename Scalar>
-void value_gradients(const Shape& shape, const SortedSlice& slice, const ValidKeys<Scalar>& keys, const Scalar* vg,
-                     const Scalar* gg, Scalar* du, double* dt, BackwardScratch& scratch) {
+void value_gradients(const Shape& shape, const SortedSlice& slice, const ValidKeys<Scalar>& keys,
+                     Rows<const Scalar> vg, Rows<const Scalar> gg, Rows<Scalar> du, double* dt,
+                     BackwardScratch& scratch) {
   const Index Tq = shape.q_len, D = shape.dim, n = keys.n();
   scratch.s_w.assign(D, 0.0);
   scratch.s_sw.assign(D, 0.0);
@@ -365,15 +388,15 @@ void value_gradients(const Shape& shape, const SortedSlice& slice, const ValidKe
   for (Index k = n - 1; k >= 0; --k) {
     if (k >= kAhead) {
       const Index ahead = slice.key_index[k - kAhead];
-      prefetch_row(vg + ahead * D, D);
-      prefetch_row(du + ahead * D, D);
+      prefetch_row(vg[ahead], D);
+      prefetch_row(du[ahead], D);
     }
     const double tk = slice.ts[k];
     for (; q >= 0 && slice.ss[q] > tk; --q) {
-      if (q >= kAhead) prefetch_row(gg + static_cast<Index>(slice.query_index[q - kAhead]) * D, D);
+      if (q >= kAhead) prefetch_row(gg[slice.query_index[q - kAhead]], D);
       const double w = scratch.w[q], sw = slice.ss[q] * w;
       if (w == 0.0) continue;
-      const Scalar* __restrict grow = gg + static_cast<Index>(slice.query_index[q]) * D;
+      const Scalar* __restrict grow = gg[slice.query_index[q]];
 #pragma omp simd
       for (Index d = 0; d < D; ++d) {
         s_w[d] += w * grow[d];
@@ -381,8 +404,8 @@ void value_gradients(const Shape& shape, const SortedSlice& slice, const ValidKe
       }
     }
     const Index j = slice.key_index[k];
-    const Scalar* __restrict row = vg + j * D;
-    Scalar* __restrict du_row = du + j * D;
+    const Scalar* __restrict row = vg[j];
+    Scalar* __restrict du_row = du[j];
     double dot = 0.0;
 #pragma omp simd reduction(+ : dot)
     for (Index d = 0; d < D; ++d) {
@@ -396,18 +419,18 @@ void value_gradients(const Shape& shape, const SortedSlice& slice, const ValidKe
 template <typename Scalar>
 void backward_group(const Shape& shape, Index g, const Scalar* grad, const double* s, const double* t, const Scalar* v,
                     const std::uint8_t* valid, const std::int32_t* key_order, const std::int32_t* query_order,
-                    const double* den, double* ds, double* dt, Scalar* dv) {
+                    const double* den, double* ds, double* dt, Scalar* dv, const Index* strides) {
   const Index M = shape.slices, Tq = shape.q_len, Tk = shape.k_len, D = shape.dim;
-  const Scalar* vg = v + g * Tk * D;
-  const Scalar* gg = grad + g * Tq * D;
+  const Rows<const Scalar> gg = group_rows(grad, strides, shape, g);
+  const Rows<const Scalar> vg = group_rows(v, strides + 3, shape, g);
+  const Rows<Scalar> dvg = group_rows(dv, strides + 6, shape, g);  // dL/du over the slices, then dL/dv
   thread_local ValidKeys<Scalar> keys;
   thread_local SortedSlice slice;
   thread_local RunningPrefix<Scalar> prefix;
   thread_local BackwardScratch scratch;
   keys.load(shape, valid + (g / shape.heads) * Tk, vg);
   const Index n = keys.n();
-  Scalar* dvg = dv + g * Tk * D;  // dL/du, accumulated over the slices, then made dL/dv
-  std::fill(dvg, dvg + Tk * D, Scalar(0));
+  fill_rows(dvg, Tk, D, Scalar(0));
   bool finite = true;
   for (Index m = 0; m < M; ++m) {
     const Index gm = g * M + m;
@@ -420,39 +443,42 @@ void backward_group(const Shape& shape, Index g, const Scalar* grad, const doubl
     value_gradients(shape, slice, keys, vg, gg, dvg, dtm, scratch);
   }
   if (!finite) {
-    std::fill(dvg, dvg + Tk * D, std::numeric_limits<Scalar>::quiet_NaN());
+    fill_rows(dvg, Tk, D, std::numeric_limits<Scalar>::quiet_NaN());
     return;
   }
   // v enters through u = v - vbar: dL/dv is dL/du minus its mean over the valid keys.
   std::vector<double>& mean = scratch.s_w;
   mean.assign(D, 0.0);
   for (auto j : keys.index)
-    for (Index d = 0; d < D; ++d) mean[d] += dvg[j * D + d];
+    for (Index d = 0; d < D; ++d) mean[d] += dvg[j][d];
   for (auto& x : mean) x /= std::max<double>(1.0, static_cast<double>(n));
   for (auto j : keys.index)
-    for (Index d = 0; d < D; ++d) dvg[j * D + d] = static_cast<Scalar>(dvg[j * D + d] - mean[d]);
+    for (Index d = 0; d < D; ++d) dvg[j][d] = static_cast<Scalar>(dvg[j][d] - mean[d]);
 }
 
 }  // namespace
 
-#define SLICED_RELU_ENTRY_POINTS(SUFFIX, Scalar)                                                                   \
-  extern "C" int sliced_relu_forward_##SUFFIX(Index batch, Index heads, Index slices, Index q_len, Index k_len,    \
-                                              Index dim, const double* s, const double* t, const Scalar* v,      \
-                                              const std::uint8_t* valid, Scalar* out, std::int32_t* key_order,    \
-                                              std::int32_t* query_order, double* den) {            \
-    const Shape shape{batch, heads, slices, q_len, k_len, dim};                                                    \
-    return parallel_groups(shape, [&](Index g) {                                                        \
-      forward_group<Scalar>(shape, g, s, t, v, valid, out, key_order, query_order, den);                          \
-    });                                                                                                            \
-  }                                                                                                                \
-  extern "C" int sliced_relu_backward_##SUFFIX(                                                                    \
-      Index batch, Index heads, Index slices, Index q_len, Index k_len, Index dim, const Scalar* grad,              \
+// strides: (batch, head, token) element strides of v and out (forward), of grad, v and dv
+// (backward); the last dim of each is contiguous.
+#define SLICED_RELU_ENTRY_POINTS(SUFFIX, Scalar)                                                                  \
+  extern "C" int sliced_relu_forward_##SUFFIX(Index batch, Index heads, Index slices, Index q_len, Index k_len,   \
+                                              Index dim, const double* s, const double* t, const Scalar* v,     \
+                                              const std::uint8_t* valid, Scalar* out, std::int32_t* key_order,   \
+                                              std::int32_t* query_order, double* den, const Index* strides) {    \
+    const Shape shape{batch, heads, slices, q_len, k_len, dim};                                                   \
+    return parallel_groups(shape, [&](Index g) {                                                                  \
+      forward_group<Scalar>(shape, g, s, t, v, valid, out, key_order, query_order, den, strides);                \
+    });                                                                                                           \
+  }                                                                                                               \
+  extern "C" int sliced_relu_backward_##SUFFIX(                                                                   \
+      Index batch, Index heads, Index slices, Index q_len, Index k_len, Index dim, const Scalar* grad,             \
       const double* s, const double* t, const Scalar* v, const std::uint8_t* valid, const std::int32_t* key_order, \
-      const std::int32_t* query_order, const double* den, double* ds, double* dt, Scalar* dv) {     \
-    const Shape shape{batch, heads, slices, q_len, k_len, dim};                                                    \
-    return parallel_groups(shape, [&](Index g) {                                                        \
-      backward_group<Scalar>(shape, g, grad, s, t, v, valid, key_order, query_order, den, ds, dt, dv);            \
-    });                                                                                                            \
+      const std::int32_t* query_order, const double* den, double* ds, double* dt, Scalar* dv,                     \
+      const Index* strides) {                                                                                     \
+    const Shape shape{batch, heads, slices, q_len, k_len, dim};                                                   \
+    return parallel_groups(shape, [&](Index g) {                                                                  \
+      backward_group<Scalar>(shape, g, grad, s, t, v, valid, key_order, query_order, den, ds, dt, dv, strides);  \
+    });                                                                                                           \
   }
 
 SLICED_RELU_ENTRY_POINTS(f32, float)
