@@ -45,10 +45,8 @@ def _kernels() -> dict[str, ctypes._CFuncPtr] | None:
         return None
     sizes = [ctypes.c_int64] * 6
     p = ctypes.c_void_p
-    signatures = {
-        "forward": [*sizes] + [p] * 9,
-        "backward": [*sizes] + [p] * 12,
-    }
+    # (B, H, M, Tq, Tk, D), the tensors' data pointers, then the array of their strides.
+    signatures = {"forward": [*sizes] + [p] * (8 + 1), "backward": [*sizes] + [p] * (11 + 1)}
     kernels = {}
     for step, argtypes in signatures.items():
         for suffix in ("f32", "f64"):
@@ -58,7 +56,9 @@ def _kernels() -> dict[str, ctypes._CFuncPtr] | None:
     return kernels
 
 
-def _call(step: str, v: Tensor, sizes: tuple[int, ...], tensors: tuple[Tensor, ...], rows: tuple[Tensor, ...]) -> None:
+def _call(
+    step: str, v: Tensor, sizes: tuple[int, ...], tensors: tuple[Tensor, ...], rows: tuple[Tensor, ...]
+) -> None:
     """Run the kernel ``step`` for v's dtype on CPU tensors; ``rows`` are the (B, H, T, D)
     tensors among them, passed with their (batch, head, token) strides (last dim contiguous)."""
     suffix = {torch.float32: "f32", torch.float64: "f64"}[v.dtype]

@@ -46,13 +46,16 @@ def value_mean(
 
 
 def _global_mean(v: torch.Tensor, key_padding_mask: torch.Tensor | None) -> torch.Tensor:
-    """(B, H, 1, D): the mean of v (B, H, T, D) over the valid keys, as one (1, T) @ (T, D)
-    product per (batch, head): no masked copy of v."""
+    """(B, H, 1, D): the mean of v (B, H, T, D) over the valid keys, as one (1, T) @ (T, H*D)
+    product per batch on the tokens (a view of the (B, T, H, D) buffers attention layers hold):
+    no masked or transposed copy of v."""
     if key_padding_mask is None:
         return v.mean(2, keepdim=True)
+    batch, heads, length, dim = v.shape
     keys = key_padding_mask.to(v.dtype)  # (B, T)
     weights = keys / keys.sum(-1, keepdim=True).clamp_min(1)
-    return torch.matmul(weights[:, None, None, :], v)
+    tokens = v.transpose(1, 2).reshape(batch, length, heads * dim)
+    return torch.bmm(weights[:, None, :], tokens).view(batch, 1, heads, dim).transpose(1, 2)
 
 
 def _window_sums(x: torch.Tensor, window: int) -> torch.Tensor:

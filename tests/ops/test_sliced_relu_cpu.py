@@ -82,11 +82,14 @@ def test_a_non_finite_scalar_gives_nan_in_its_group_only():
     s, t, v, mask = _inputs(3)
     s[0, 1, 0, 5] = float("nan")
     t[1, 2, 1, 7] = float("inf")
-    out = sliced_relu(s, t, v, mask)
+    leaves = [x.requires_grad_() for x in (s, t, v)]
+    out = sliced_relu(*leaves, mask)
+    grads = torch.autograd.grad(out.sum(), leaves)
     expected = sliced_relu_reference(s.double(), t.double(), v.double(), mask)
-    assert out[0, 1].isnan().all() and out[1, 2].isnan().all()
     keep = torch.ones(2, 3, dtype=torch.bool)
     keep[0, 1] = keep[1, 2] = False
+    for x in (out, *grads):
+        assert x[~keep].isnan().all() and not x[keep].isnan().any()
     assert relative_error(out[keep], expected[keep]) <= 1e-5
 
 

@@ -16,6 +16,19 @@ from transformers import initialization as init
 from ..base import PluginModule
 
 
+def _tokens(x: torch.Tensor) -> torch.Tensor:
+    """(B, H, T, D) -> (B, T, H*D): every token's heads side by side (a view when x is a
+    (B, T, H, D) buffer seen as (B, H, T, D), as attention layers hold q and k)."""
+    batch, heads, length, head_dim = x.shape
+    return x.transpose(1, 2).reshape(batch, length, heads * head_dim)
+
+
+def _per_head(scalars: torch.Tensor, heads: int, slices: int) -> torch.Tensor:
+    """(B, T, H*M) -> (B, H, M, T)."""
+    batch, length, _ = scalars.shape
+    return scalars.view(batch, length, heads, slices).permute(0, 2, 3, 1)
+
+
 class SlicedProjection(PluginModule):
     """The learned directions of sliced ReLU attention: M per head.
 
@@ -23,6 +36,10 @@ class SlicedProjection(PluginModule):
     the scalars s = <w_hm, q_i> (B, H, M, Tq) and t = <w_hm, k_j> (B, H, M, Tk); queries
     and keys share the same directions. Initialised normal with std D^-1/2 (unit norm in
     expectation; the kernel is invariant to their scale).
+
+    Computed as one product of the tokens (B, T, H*D) with the block-diagonal (H*D, H*M)
+    matrix of the directions: it reads q and k in the layout attention layers hold them, and
+    its backward writes dL/dq in that layout, with no transposed copies.
     """
 
     def __init__(self, num_heads: int, head_dim: int, num_slices: int = 1) -> None:
@@ -34,11 +51,8 @@ class SlicedProjection(PluginModule):
         init.normal_(self.directions, mean=0.0, std=self.head_dim**-0.5)
 
     def forward(self, query: torch.Tensor, key: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        directions = self.directions.to(query.dtype)
-        return (
-            torch.einsum("bhtd,hmd->bhmt", query, directions),
-            torch.einsum("bhtd,hmd->bhmt", key, directions),
-        )
+        weight = torch.block_diag(*self.directions.to(query.dtype).transpose(1, 2))  # (H*D, H*M)
+        return tuple(_per_head(_tokens(x) @ weight, self.num_heads, self.num_slices) for x in (query, key))
 
     def extra_repr(self) -> str:
         return f"num_heads={self.num_heads}, head_dim={self.head_dim}, num_slices={self.num_slices}"
@@ -70,10 +84,8 @@ class SlicedMLPProjection(PluginModule):
 
     def _scalars(self, x: torch.Tensor) -> torch.Tensor:
         """(B, H, T, D) -> (B, H, M, T)."""
-        batch, heads, length, head_dim = x.shape
-        tokens = x.transpose(1, 2).reshape(batch, length, heads * head_dim)
-        scalars = self.to_scalars(self.activation(self.hidden(tokens)))  # (B, T, H*M)
-        return scalars.view(batch, length, heads, self.num_slices).permute(0, 2, 3, 1)
+        scalars = self.to_scalars(self.activation(self.hidden(_tokens(x))))  # (B, T, H*M)
+        return _per_head(scalars, self.num_heads, self.num_slices)
 
     def forward(self, query: torch.Tensor, key: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return self._scalars(query), self._scalars(key)

@@ -24,7 +24,7 @@
 //
 // Ties contribute 0 to the output; at a tie sign(0) = 0. A query whose denominator is 0 (all
 // keys equal to it, or no valid key) gets 0, and so do its gradients. A group with a
-// non-finite scalar gets NaN outputs (std::sort needs a total order).
+// non-finite scalar gets NaN outputs and gradients (sorting needs finite scalars).
 //
 // Layouts: s (G, M, Tq) and t (G, M, Tk) double, G = B*H, contiguous; valid (B, Tk) uint8;
 // v (B, H, Tk, D), out (B, H, Tq, D) and the gradients with any (batch, head, token) strides
@@ -320,8 +320,8 @@ struct BackwardScratch {
 // Ascending sweep: dL/ds and e_i (per sorted query) for one slice; fills scratch.e, scratch.w.
 template <typename Scalar>
 void scalar_gradients(const Shape& shape, const SortedSlice& slice, const ValidKeys<Scalar>& keys,
-                      Rows<const Scalar> vg, Rows<const Scalar> gg, const double* dg, double* ds, BackwardScratch& scratch,
-                      RunningPrefix<Scalar>& prefix) {
+                      Rows<const Scalar> vg, Rows<const Scalar> gg, const double* dg, double* ds,
+                      BackwardScratch& scratch, RunningPrefix<Scalar>& prefix) {
   const Index M = shape.slices, Tq = shape.q_len, D = shape.dim, n = keys.n();
   scratch.e.assign(Tq, 0.0);
   scratch.w.assign(Tq, 0.0);
@@ -336,10 +336,7 @@ void scalar_gradients(const Shape& shape, const SortedSlice& slice, const ValidK
     while (at_or_below < n && slice.ts[at_or_below] <= si) ++at_or_below;
     const double d_i = dg[i];
     ds[i] = 0.0;
-    if (!(d_i > 0.0)) {
-      if (std::isnan(d_i)) ds[i] = d_i;
-      continue;
-    }
+    if (!(d_i > 0.0)) continue;
     const double w = 1.0 / (static_cast<double>(M) * d_i);
     const Scalar* __restrict grow = gg[i];
     const double* __restrict pu = prefix.pu.data();
@@ -444,6 +441,8 @@ void backward_group(const Shape& shape, Index g, const Scalar* grad, const doubl
   }
   if (!finite) {
     fill_rows(dvg, Tk, D, std::numeric_limits<Scalar>::quiet_NaN());
+    std::fill(ds + g * M * Tq, ds + (g + 1) * M * Tq, std::numeric_limits<double>::quiet_NaN());
+    std::fill(dt + g * M * Tk, dt + (g + 1) * M * Tk, std::numeric_limits<double>::quiet_NaN());
     return;
   }
   // v enters through u = v - vbar: dL/dv is dL/du minus its mean over the valid keys.
