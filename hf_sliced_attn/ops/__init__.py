@@ -1,7 +1,9 @@
-"""The maths, in pure torch (no transformers import): fast ops and their float64 references.
+"""The maths, free of transformers: fast ops and their float64 references.
 
-Each op sits next to its reference in :mod:`hf_sliced_attn.ops.naive`, and the tests
-compare the two, values and gradients.
+The ops are torch functions; on CPU, ``sliced_relu`` runs the C++ kernel of
+:mod:`.sliced_relu_cpu` (built on first use by :mod:`._native`). Each op sits next to its
+reference in :mod:`hf_sliced_attn.ops.naive`, and the tests compare the two, values and
+gradients.
 """
 
 from .banded import windowed_sliced_relu, windowed_sliced_relu_bump, windowed_softmax
