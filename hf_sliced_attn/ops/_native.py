@@ -103,7 +103,9 @@ def load(name: str) -> ctypes.CDLL | None:
     if compiler is not None:
         try:
             return ctypes.CDLL(str(_build(_SOURCES / f"{name}.cpp", compiler)))
-        except (OSError, RuntimeError, subprocess.SubprocessError) as error:
+        except OSError as error:
+            problem = f"{error} (set HF_SLICED_ATTN_CACHE to a writable folder for the built kernels)"
+        except (RuntimeError, subprocess.SubprocessError) as error:
             problem = str(error)
     warnings.warn(
         f"hf_sliced_attn: the C++ CPU kernel {name!r} is not available, so this op runs its torch "

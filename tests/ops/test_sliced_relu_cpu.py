@@ -153,6 +153,14 @@ def test_a_failing_build_warns_with_the_compiler_output(fresh_loader):
         assert _native.load("broken") is None
 
 
+def test_an_unwritable_cache_warns_with_the_fix(fresh_loader, monkeypatch):
+    (fresh_loader / "tiny.cpp").write_text(TINY_KERNEL)
+    (fresh_loader / "file").write_text("")
+    monkeypatch.setenv("HF_SLICED_ATTN_CACHE", str(fresh_loader / "file"))  # a file, not a folder
+    with pytest.warns(_native.NativeKernelWarning, match="set HF_SLICED_ATTN_CACHE to a writable folder"):
+        assert _native.load("tiny") is None
+
+
 def test_turned_off_by_the_environment_without_a_warning(fresh_loader, monkeypatch):
     (fresh_loader / "tiny.cpp").write_text(TINY_KERNEL)
     monkeypatch.setenv("HF_SLICED_ATTN_NATIVE", "0")
