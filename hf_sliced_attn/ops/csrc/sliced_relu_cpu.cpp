@@ -82,7 +82,8 @@ inline void prefetch_row(const Scalar* row, Index dim) {
   for (Index offset = 0; offset < dim * Index(sizeof(Scalar)); offset += 64) __builtin_prefetch(bytes + offset);
 }
 
-// Below this many D-wide element visits per call, one thread does all the groups.
+// Each thread takes groups worth at least this many D-wide element visits (a smaller call runs
+// on one thread: starting the others would cost more than it saves).
 constexpr Index kParallelWork = Index(1) << 16;
 
 // body(g) for every group g, over torch's intra-op thread pool (the threads torch's own ops
