@@ -92,6 +92,21 @@ def test_many_chunks(monkeypatch, padded):
     )
 
 
+@pytest.mark.parametrize("padded", [False, True])
+def test_compiles_as_one_graph_forward_and_backward(padded):
+    """torch.compile(fullgraph=True): the CPU kernel as opaque custom ops, the torch
+    implementation traced through (with padding always masked under compile)."""
+    s, t, v = _inputs(2, 3, 2, 40, 50, 8, seed=8)
+    mask = _padding(2, 50, seed=8) if padded else None
+    compiled = torch.compile(sliced_relu, fullgraph=True, backend="aot_eager")
+    out, grads = outputs_and_grads(compiled, _tensors(s, t, v, mask), differentiable=SCALARS_AND_VALUE)
+    expected, expected_grads = outputs_and_grads(sliced_relu, _tensors(s, t, v, mask),
+                                                 differentiable=SCALARS_AND_VALUE)
+    assert relative_error(out, expected) <= 1e-6
+    for name in SCALARS_AND_VALUE:
+        assert relative_error(grads[name], expected_grads[name]) <= 1e-5, name
+
+
 def test_value_changed_in_place_before_backward_is_an_error():
     """The op saves the value tensor itself for its backward; autograd must catch a later in-place change."""
     s, t, v = _inputs(1, 2, 1, 8, 8, 4)

@@ -315,7 +315,7 @@ void forward_group(const Shape& shape, Index g, const double* s, const double* t
 
 // Per-thread scratch of the backward.
 struct BackwardScratch {
-  std::vector<double> e, w, s_w, s_sw;
+  std::vector<double> e, w, s_w, s_sw, du_mean;
 };
 
 // Ascending sweep: dL/ds and e_i (per sorted query) for one slice; fills scratch.e, scratch.w.
@@ -447,7 +447,7 @@ void backward_group(const Shape& shape, Index g, const Scalar* grad, const doubl
     return;
   }
   // v enters through u = v - vbar: dL/dv is dL/du minus its mean over the valid keys.
-  std::vector<double>& mean = scratch.s_w;
+  std::vector<double>& mean = scratch.du_mean;
   mean.assign(D, 0.0);
   for (auto j : keys.index)
     for (Index d = 0; d < D; ++d) mean[d] += dvg[j][d];
