@@ -279,16 +279,16 @@ def prefix_at(
     -> (2, len(rows), M, K, D): P and P_w at each rank.
     """
     slices, length = order.shape[1:]
-    groups = len(rows) * slices
+    groups, dim = len(rows) * slices, source.shape[-1]
     # Row 0 of each half is the empty prefix; row 1 + g*L + p the prefix through position p.
     prefix = buffer[:, : groups * length + 1]
     prefix[:, 0] = 0
     torch.index_select(source, 0, _flat_rows(order, rows), out=prefix[0, 1:])
     if centre is not None:
-        prefix[0, 1:].view(len(rows), slices * length, -1).sub_(centre.unsqueeze(1))
+        prefix[0, 1:].view(len(rows), slices * length, dim).sub_(centre.unsqueeze(1))
     torch.mul(prefix[0, 1:], weights[1].reshape(-1, 1), out=prefix[1, 1:])
     if weights[0] is not None:
         prefix[0, 1:].mul_(weights[0].reshape(-1, 1))
     prefix_sum_(prefix[:, 1:].unflatten(1, (groups, length)))
     at = torch.where(ranks > 0, _group_offsets(rows, slices, length, ranks.device) + ranks, 0)
-    return _select_rows(prefix, at.view(-1), out).view(2, len(rows), slices, ranks.shape[-1], -1)
+    return _select_rows(prefix, at.view(-1), out).view(2, len(rows), slices, ranks.shape[-1], dim)

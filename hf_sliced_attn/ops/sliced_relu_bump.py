@@ -270,7 +270,7 @@ def _backward(
         at = prefix_at(
             grad_flat, scalars.q_perm[lo:hi], (None, s_sorted[lo:hi]), chunk_ranks, rows, buffer,
             out=gathered[:, : chunk_ranks.numel()],
-        ).unflatten(3, (-1, k_len))
+        ).unflatten(3, (4, k_len))
         key_sums = sums[:, : len(rows) * slices * k_len].view(2, len(rows), slices, k_len, dim)
         w = _window_sums(at, t_work[lo:hi], key_sums)
         _kernel_sum(w, key_sums[1], inv_b[lo:hi], dv[lo:hi]).mul_(windows.q[lo:hi].to(work))

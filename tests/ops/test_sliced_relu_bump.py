@@ -146,6 +146,16 @@ def test_fully_padded_row_gives_finite_zeros():
         assert torch.equal(x, torch.zeros_like(x))
 
 
+@pytest.mark.parametrize("slices", [None, 2])
+def test_no_keys_gives_zeros(slices):
+    """Tk = 0: every query gets 0, and so do the gradients (the bandwidth's too)."""
+    s, t, v, bandwidth = _inputs(2, 3, slices, 5, 0, 4)
+    out, grads = outputs_and_grads(sliced_relu_bump, _tensors(s, t, v, bandwidth), differentiable=ALL_INPUTS)
+    assert out.shape == (2, 3, 5, 4) and torch.equal(out, torch.zeros_like(out))
+    for name, tensor in zip(ALL_INPUTS, (s, t, v, bandwidth)):
+        assert grads[name].shape == tensor.shape and not grads[name].any()
+
+
 def test_long_sequence_with_offsets():
     """T = 65536 with every scalar offset by 1000 and the values by 5: the error must not grow
     with T. Checked at 256 queries (random ones and the extremes) against all keys."""
