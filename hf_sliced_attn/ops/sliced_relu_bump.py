@@ -150,12 +150,12 @@ def _find_windows(s: Tensor, t: Tensor, valid: Tensor, bandwidth: Tensor) -> _Wi
 
 
 def _chunk_ranks(ranks: Tensor, lo: int, hi: int) -> Tensor:
-    """The ranks of rows [lo, hi) to read, (hi - lo, M, K * L): l, c, r, and c' only when
+    """The ranks of rows [lo, hi) to read, (hi - lo, M, K, L): l, c, r, and c' only when
     the chunk has a tie (c' > c). Under ``torch.compile`` c' is always read: whether there is
     a tie is data-dependent (a graph break), and the tie correction is 0 without one."""
     ranks = ranks[lo:hi]
     tied = torch.compiler.is_compiling() or bool((ranks[:, :, _AT_OR_BELOW] > ranks[:, :, _BELOW]).any())
-    return (ranks if tied else ranks[:, :, :_AT_OR_BELOW]).flatten(-2)
+    return ranks if tied else ranks[:, :, :_AT_OR_BELOW]
 
 
 def _window_sums(at: Tensor, centre: Tensor, out: Tensor) -> Tensor:
@@ -221,9 +221,9 @@ def _forward(
         lo, hi = rows.start, rows.stop
         ranks = _chunk_ranks(windows.ranks, lo, hi)
         at = prefix_at(
-            u_flat, scalars.perm[lo:hi], (None, t_sorted[lo:hi]), ranks, rows, buffer,
+            u_flat, scalars.perm[lo:hi], (None, t_sorted[lo:hi]), ranks.flatten(-2), rows, buffer,
             out=gathered[:, : ranks.numel()],
-        ).unflatten(3, (-1, q_len))
+        ).unflatten(3, ranks.shape[-2:])
         if shared is None:
             sums = torch.empty(2, len(rows), slices, q_len, dim, dtype=work, device=v.device)
             saved.append(sums)
@@ -268,9 +268,9 @@ def _backward(
         # The same window sums with the roles swapped: x = g over the queries sorted by s.
         chunk_ranks = _chunk_ranks(ranks, lo, hi)
         at = prefix_at(
-            grad_flat, scalars.q_perm[lo:hi], (None, s_sorted[lo:hi]), chunk_ranks, rows, buffer,
+            grad_flat, scalars.q_perm[lo:hi], (None, s_sorted[lo:hi]), chunk_ranks.flatten(-2), rows, buffer,
             out=gathered[:, : chunk_ranks.numel()],
-        ).unflatten(3, (4, k_len))
+        ).unflatten(3, chunk_ranks.shape[-2:])
         key_sums = sums[:, : len(rows) * slices * k_len].view(2, len(rows), slices, k_len, dim)
         w = _window_sums(at, t_work[lo:hi], key_sums)
         _kernel_sum(w, key_sums[1], inv_b[lo:hi], dv[lo:hi]).mul_(windows.q[lo:hi].to(work))

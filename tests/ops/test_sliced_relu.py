@@ -129,12 +129,14 @@ def test_fully_padded_row_gives_finite_zeros():
         assert torch.equal(x, torch.zeros_like(x))
 
 
+@pytest.mark.parametrize("q_len,k_len", [(5, 0), (0, 5)])
 @pytest.mark.parametrize("slices", [None, 2])
-def test_no_keys_gives_zeros(slices):
-    """Tk = 0 (cross-attention to an empty memory): every query gets 0, and so do the gradients."""
-    s, t, v = _inputs(2, 3, slices, 5, 0, 4)
+def test_no_keys_or_no_queries(slices, q_len, k_len):
+    """Tk = 0 (cross-attention to an empty memory): every query gets 0, and so do the gradients;
+    Tq = 0: an empty output."""
+    s, t, v = _inputs(2, 3, slices, q_len, k_len, 4)
     out, grads = outputs_and_grads(sliced_relu, _tensors(s, t, v, None), differentiable=SCALARS_AND_VALUE)
-    assert out.shape == (2, 3, 5, 4) and torch.equal(out, torch.zeros_like(out))
+    assert out.shape == (2, 3, q_len, 4) and torch.equal(out, torch.zeros_like(out))
     for name, tensor in zip(SCALARS_AND_VALUE, (s, t, v)):
         assert grads[name].shape == tensor.shape and not grads[name].any()
 

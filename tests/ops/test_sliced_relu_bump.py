@@ -146,12 +146,13 @@ def test_fully_padded_row_gives_finite_zeros():
         assert torch.equal(x, torch.zeros_like(x))
 
 
+@pytest.mark.parametrize("q_len,k_len", [(5, 0), (0, 5)])
 @pytest.mark.parametrize("slices", [None, 2])
-def test_no_keys_gives_zeros(slices):
-    """Tk = 0: every query gets 0, and so do the gradients (the bandwidth's too)."""
-    s, t, v, bandwidth = _inputs(2, 3, slices, 5, 0, 4)
+def test_no_keys_or_no_queries(slices, q_len, k_len):
+    """Tk = 0: every query gets 0, and so do the gradients (the bandwidth's too); Tq = 0: an empty output."""
+    s, t, v, bandwidth = _inputs(2, 3, slices, q_len, k_len, 4)
     out, grads = outputs_and_grads(sliced_relu_bump, _tensors(s, t, v, bandwidth), differentiable=ALL_INPUTS)
-    assert out.shape == (2, 3, 5, 4) and torch.equal(out, torch.zeros_like(out))
+    assert out.shape == (2, 3, q_len, 4) and torch.equal(out, torch.zeros_like(out))
     for name, tensor in zip(ALL_INPUTS, (s, t, v, bandwidth)):
         assert grads[name].shape == tensor.shape and not grads[name].any()
 
