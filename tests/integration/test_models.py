@@ -270,7 +270,8 @@ def test_mlp_projection_and_affine_output_are_built_initialised_and_saved(vanill
 @pytest.mark.parametrize("sliding_window", [None, 3], ids=["global", "window3"])
 @pytest.mark.parametrize("padded", [False, True], ids=["nopad", "pad"])
 def test_sliced_relu_layer_is_the_kernel_scaled_plus_the_mean_value(sliding_window, padded):
-    """The attention function with an MLP projection and affine output equals its float64 composition."""
+    """The attention function with an MLP projection and affine output equals its float64 composition,
+    in which padded tokens get the scalar 0 (the MLP runs on the real tokens only)."""
     torch.manual_seed(0)
     batch, heads, length, dim, slices = 2, 3, 9, 4, 2
     layer = torch.nn.Module()
@@ -287,7 +288,7 @@ def test_sliced_relu_layer_is_the_kernel_scaled_plus_the_mean_value(sliding_wind
 
     out, _ = attention_function(SLICED_RELU)(layer, query, key, value, mask, sliding_window=sliding_window)
     with torch.no_grad():
-        s, t = layer.sliced_projection(query, key)
+        s, t = (x.masked_fill(~mask[:, None, None, :], 0.0) for x in layer.sliced_projection(query, key))
     kernel = sliced_relu_reference(s, t, value.double(), mask, sliding_window=sliding_window)
     mean = value_mean_reference(value.double(), mask, sliding_window=sliding_window)
     gain = layer.sliced_output.gain.double()[:, None, None]
@@ -295,6 +296,52 @@ def test_sliced_relu_layer_is_the_kernel_scaled_plus_the_mean_value(sliding_wind
     expected = (gain * kernel + weight * mean).transpose(1, 2)
     assert out.shape == (batch, length, heads, dim)
     torch.testing.assert_close(out.double(), expected, atol=1e-5, rtol=1e-5)
+
+
+def _projection_and_grads(projection, query, key, mask, weights):
+    """The scalars (s, t) with padded tokens' set to 0, and the gradients of <s, a> + <t, b> for
+    query, key and the projection's parameters."""
+    inputs = [x.detach().requires_grad_() for x in (query, key)]
+    scalars = projection(*inputs, mask)
+    loss = sum((x * w).sum() for x, w in zip(scalars, weights))
+    grads = torch.autograd.grad(loss, [*inputs, *projection.parameters()])
+    return scalars, grads
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+def test_mlp_projection_skips_padded_tokens(compiled):
+    """With a token mask the MLP runs on the real tokens only: their scalars and every gradient
+    are those of projecting every token, the padded tokens' scalars are 0 and they get no gradient."""
+    torch.manual_seed(0)
+    batch, heads, length, dim, slices = 3, 2, 7, 4, 2
+    projection = SlicedMLPProjection(heads, dim, slices)
+    projection.init_weights(0.5)
+    query, key = (torch.randn(batch, length, heads, dim).transpose(1, 2) for _ in range(2))
+    mask = torch.ones(batch, length, dtype=torch.bool)
+    mask[0, 4:] = False
+    mask[2] = False  # a fully padded row
+    weights = [torch.randn(batch, heads, slices, length) for _ in range(2)]
+    run = torch.compile(projection, fullgraph=True, backend="aot_eager") if compiled else projection
+    (s, t), grads = _projection_and_grads(run, query, key, mask, weights)
+    padded = ~mask[:, None, None, :]
+    (s_all, t_all), expected = _projection_and_grads(
+        projection, query, key, None, [w.masked_fill(padded, 0.0) for w in weights])
+    for x, every in ((s, s_all), (t, t_all)):
+        assert torch.equal(x.masked_select(padded), torch.zeros(int(padded.sum()) * slices * heads))
+        torch.testing.assert_close(x.masked_select(~padded), every.masked_select(~padded), rtol=1e-6, atol=1e-6)
+    for grad, want in zip(grads, expected):
+        torch.testing.assert_close(grad, want, rtol=1e-5, atol=1e-6)
+    for grad in grads[:2]:  # dL/dq, dL/dk: (B, H, T, D)
+        assert not grad.transpose(1, 2)[~mask].any() and grad.transpose(1, 2)[mask].abs().sum() > 0
+
+
+def test_mlp_projection_token_mask_must_match_the_tokens():
+    projection = SlicedMLPProjection(2, 4, 1)
+    query = torch.randn(1, 2, 5, 4)
+    with pytest.raises(ValueError, match=r"token_mask is for self-attention: it must be \(B, T\)"):
+        projection(query, query, torch.ones(1, 6, dtype=torch.bool))
+    with pytest.raises(ValueError, match="queries and keys of T tokens"):
+        projection(query, torch.randn(1, 2, 6, 4), torch.ones(1, 5, dtype=torch.bool))
 
 
 @pytest.mark.parametrize("vanilla_dir", ["roberta"], indirect=True)

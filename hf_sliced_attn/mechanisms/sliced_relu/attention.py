@@ -28,7 +28,7 @@ def attend(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: tor
     """Sliced ReLU attention with ``module.sliced_projection`` (the bump kernel when the layer has a
     ``sliced_bandwidth``), then ``module.sliced_output`` if the layer has one: (B, H, T, D) ->
     (B, T, H, D). ``scaling`` is unused (the kernels act on the projected scalars only)."""
-    query_scalars, key_scalars = module.sliced_projection(query, key)
+    query_scalars, key_scalars = module.sliced_projection(query, key, key_padding_mask)
     bandwidth = getattr(module, "sliced_bandwidth", None)
     if bandwidth is not None:
         b = bandwidth().to(query_scalars.dtype)

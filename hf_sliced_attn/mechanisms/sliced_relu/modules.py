@@ -50,7 +50,10 @@ class SlicedProjection(PluginModule):
     def init_weights(self, initializer_range: float) -> None:
         init.normal_(self.directions, mean=0.0, std=self.head_dim**-0.5)
 
-    def forward(self, query: torch.Tensor, key: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(
+        self, query: torch.Tensor, key: torch.Tensor, token_mask: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``token_mask`` is unused: projecting every token costs less than selecting the real ones."""
         weight = torch.block_diag(*self.directions.to(query.dtype).transpose(1, 2))  # (H*D, H*M)
         return tuple(_per_head(_tokens(x) @ weight, self.num_heads, self.num_slices) for x in (query, key))
 
@@ -67,6 +70,14 @@ class SlicedMLPProjection(PluginModule):
     (B, H, Tk, D) it returns s (B, H, M, Tq) and t (B, H, M, Tk), like :class:`SlicedProjection`.
     The order it induces on the keys is a nonlinear function of all heads' keys. Weights are
     initialised normal with the model's ``initializer_range``, biases at zero.
+
+    With a ``token_mask`` (B, T) of self-attention (True = real token; queries and keys are the
+    same T tokens), padded tokens get the scalar 0 and the MLP runs on the real tokens only: its
+    matrix products are most of a converted layer's cost at GLUE lengths, and dynamically
+    padded batches are often half padding. A padded key is masked out of the attention anyway;
+    the output at a padded query is not used (as with transformers' FlashAttention-2 path, which
+    leaves zeros there). Under ``torch.compile`` the MLP runs on every token and the padded
+    scalars are set to 0 (the same function, with no data-dependent shape).
     """
 
     def __init__(self, num_heads: int, head_dim: int, num_slices: int = 1) -> None:
@@ -82,13 +93,35 @@ class SlicedMLPProjection(PluginModule):
             init.normal_(linear.weight, mean=0.0, std=initializer_range)
             init.zeros_(linear.bias)
 
-    def _scalars(self, x: torch.Tensor) -> torch.Tensor:
-        """(B, H, T, D) -> (B, H, M, T)."""
-        scalars = self.to_scalars(self.activation(self.hidden(_tokens(x))))  # (B, T, H*M)
-        return _per_head(scalars, self.num_heads, self.num_slices)
+    def _mlp(self, tokens: torch.Tensor) -> torch.Tensor:
+        """(..., H*D) -> (..., H*M)."""
+        return self.to_scalars(self.activation(self.hidden(tokens)))
 
-    def forward(self, query: torch.Tensor, key: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return self._scalars(query), self._scalars(key)
+    def _scalars(self, x: torch.Tensor, token_mask: torch.Tensor | None) -> torch.Tensor:
+        """(B, H, T, D) and (B, T) bool or None -> (B, H, M, T), 0 at padded tokens."""
+        tokens = _tokens(x)  # (B, T, H*D)
+        if token_mask is None:
+            scalars = self._mlp(tokens)
+        elif torch.compiler.is_compiling():
+            scalars = torch.where(token_mask.unsqueeze(-1), self._mlp(tokens), 0.0)
+        elif bool(token_mask.all()):
+            scalars = self._mlp(tokens)
+        else:
+            real = token_mask.reshape(-1).nonzero().squeeze(1)
+            flat = tokens.reshape(-1, tokens.shape[-1])
+            selected = self._mlp(flat.index_select(0, real))
+            scalars = selected.new_zeros(flat.shape[0], selected.shape[-1]).index_copy(0, real, selected)
+        return _per_head(scalars.view(*tokens.shape[:2], -1), self.num_heads, self.num_slices)
+
+    def forward(
+        self, query: torch.Tensor, key: torch.Tensor, token_mask: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        if token_mask is not None and (token_mask.shape != (query.shape[0], query.shape[2]) or key.shape != query.shape):
+            raise ValueError(
+                f"token_mask is for self-attention: it must be (B, T) with queries and keys of T tokens, got "
+                f"{tuple(token_mask.shape)} for queries {tuple(query.shape)} and keys {tuple(key.shape)}."
+            )
+        return self._scalars(query, token_mask), self._scalars(key, token_mask)
 
     def extra_repr(self) -> str:
         return f"num_heads={self.num_heads}, head_dim={self.head_dim}, num_slices={self.num_slices}"
