@@ -1,0 +1,169 @@
+"""Where a sliced ReLU layer's time goes in a fine-tuning step: its projection, the op and its output module.
+
+    python benchmarks/bench_attention_layer.py                        # 32x128 and 8x512, 15 repeats
+    python benchmarks/bench_attention_layer.py --shapes 2x16 --repeats 2 --threads 1 --output /tmp/al_smoke
+
+The models are ``bench_training_step.py``'s: all-MiniLM-L6-v2 (12 heads, head dim 32, 6 layers)
+for sequence classification, built by its ``build_model`` for the contenders ``sliced_relu`` (one
+linear slice per head) and ``sliced_relu_converted`` (4 slices, MLP projection, affine output), fed
+its ``make_batch`` (a quarter of the batch padded on its second half). One forward in train() mode
+records layer 0's query, key, value and padding mask (:func:`hf_sliced_attn.attention.observe_attention`);
+on those inputs each piece of the layer runs forward, then backward from a fixed random gradient:
+
+* ``projection``: ``module.sliced_projection(query, key, mask)`` -> the scalars s, t;
+* ``op``: ``sliced_relu(s, t, value, mask)`` on s, t as leaves;
+* ``output``: ``value_mean`` and ``module.sliced_output`` (converted layers only);
+* ``layer``: the whole of ``attend`` (the three above in one graph).
+
+Each piece's time is the median of ``--repeats`` runs (``time.perf_counter``) after one warm-up; the
+"per step" column multiplies it by the number of layers (every layer has this shape). Results:
+printed and written to ``<output>/attention_layer.md`` and ``attention_layer.json`` (``<output>`` =
+``benchmarks/results`` unless ``--output``), with the command, versions, threads and commit.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shlex
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
+
+import torch  # noqa: E402
+import transformers  # noqa: E402
+
+from benchmarks._report import source_state  # noqa: E402
+from benchmarks.bench_training_step import build_model, make_batch, parse_shapes  # noqa: E402
+from hf_sliced_attn.attention import observe_attention  # noqa: E402
+from hf_sliced_attn.mechanisms.sliced_relu.attention import attend  # noqa: E402
+from hf_sliced_attn.ops import sliced_relu, value_mean  # noqa: E402
+
+RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
+CONTENDERS = ("sliced_relu", "sliced_relu_converted")
+
+
+def layer_inputs(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Layer 0's attention module and its query, key, value (B, H, T, D) and padding mask, from one forward."""
+    seen: list[dict] = []
+    with torch.no_grad(), observe_attention(lambda **inputs: seen.append(inputs)):
+        model(**batch)
+    return seen[0]
+
+
+def _leaves(*tensors: torch.Tensor) -> list[torch.Tensor]:
+    """Fresh leaves with the same values and strides (q, k, v stay views of (B, T, H, D) buffers)."""
+    return [x.detach().clone(memory_format=torch.preserve_format).requires_grad_() for x in tensors]
+
+
+def pieces(inputs: dict) -> dict[str, Callable[[], None]]:
+    """Each piece of the layer as a function that runs its forward and backward once."""
+    module, mask = inputs["module"], inputs["key_padding_mask"]
+    query, key, value = inputs["query"], inputs["key"], inputs["value"]
+    generator = torch.Generator().manual_seed(0)
+    s, t = (x.detach() for x in module.sliced_projection(query, key, mask))
+    grads = {name: torch.randn(shape, generator=generator) for name, shape in
+             (("s", s.shape), ("t", t.shape), ("out", value.shape))}
+
+    def projection() -> None:
+        scalars = module.sliced_projection(*_leaves(query, key), mask)
+        torch.autograd.backward(scalars, (grads["s"], grads["t"]))
+
+    def op() -> None:
+        q_scalars, k_scalars, v = _leaves(s, t, value)
+        sliced_relu(q_scalars, k_scalars, v, mask).backward(grads["out"])
+
+    def output() -> None:
+        attention, v = _leaves(value, value)  # an op output has value's shape and layout
+        module.sliced_output(attention, value_mean(v, mask)).backward(grads["out"])
+
+    def layer() -> None:
+        out = attend(module, *_leaves(query, key, value), mask, None, None)
+        out.backward(grads["out"].transpose(1, 2))
+
+    runs = {"projection": projection, "op": op}
+    if getattr(module, "sliced_output", None) is not None:
+        runs["output"] = output
+    return {**runs, "layer": layer}
+
+
+def median_seconds(run: Callable[[], None], repeats: int) -> float:
+    run()
+    seconds = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        run()
+        seconds.append(time.perf_counter() - start)
+    return statistics.median(seconds)
+
+
+def measure(shapes: list[tuple[int, int]], repeats: int) -> list[dict]:
+    records = []
+    for name in CONTENDERS:
+        model = build_model(name)
+        layers = model.config.num_hidden_layers
+        for batch_size, length in shapes:
+            batch = make_batch(batch_size, length, model.config.vocab_size, model.config.pad_token_id)
+            for piece, run in pieces(layer_inputs(model, batch)).items():
+                seconds = median_seconds(run, repeats)
+                records.append({"contender": name, "shape": f"{batch_size}x{length}", "piece": piece,
+                                "layer_s": seconds, "layers": layers, "step_s": seconds * layers})
+                print(f"  {name:22s} {batch_size}x{length} {piece:10s} {seconds * 1e3:8.2f} ms per layer", flush=True)
+    return records
+
+
+def report(header: dict, records: list[dict]) -> str:
+    lines = [
+        "# Where a sliced ReLU layer's time goes (CPU): all-MiniLM-L6-v2, forward+backward",
+        "",
+        f"`{header['command']}` — torch {header['torch']}, transformers {header['transformers']}, "
+        f"{header['threads']} torch threads on {header['cpu_count']} cores, {header['source']}. "
+        f"Layer 0's inputs from a train() forward of the training-step benchmark's batch (a quarter of it "
+        f"padded on its second half); median of {header['repeats']} runs after 1 warm-up; per step = "
+        f"per layer × the model's {records[0]['layers']} layers.",
+        "",
+        "| contender | B×T | piece | per layer | per step |",
+        "|---|---|---|---:|---:|",
+    ]
+    for r in records:
+        lines.append(f"| {r['contender']} | {r['shape']} | {r['piece']} | {r['layer_s'] * 1e3:.1f} ms "
+                     f"| {r['step_s'] * 1e3:.0f} ms |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--shapes", default="32x128,8x512", help="comma-separated BxT (default 32x128,8x512)")
+    parser.add_argument("--repeats", type=int, default=15, help="timed runs per piece (default 15)")
+    parser.add_argument("--threads", type=int, default=os.cpu_count(), help="torch threads (default: all cores)")
+    parser.add_argument("--output", type=Path, default=RESULTS, help="results directory (default benchmarks/results)")
+    args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    transformers.logging.set_verbosity_error()
+    transformers.logging.disable_progress_bar()
+    header = {
+        "command": shlex.join(["python", "benchmarks/bench_attention_layer.py",
+                               *(sys.argv[1:] if argv is None else argv)]),
+        "torch": torch.__version__, "transformers": transformers.__version__, "python": platform.python_version(),
+        "threads": torch.get_num_threads(), "cpu_count": os.cpu_count(), "source": source_state(),
+        "repeats": args.repeats,
+    }
+    records = measure(parse_shapes(args.shapes), args.repeats)
+    markdown = report(header, records)
+    print("\n" + markdown)
+    args.output.mkdir(parents=True, exist_ok=True)
+    (args.output / "attention_layer.md").write_text(markdown)
+    (args.output / "attention_layer.json").write_text(
+        json.dumps({"environment": header, "results": records}, indent=1) + "\n")
+    print(f"wrote {args.output}/attention_layer.md and attention_layer.json")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
