@@ -10,12 +10,15 @@ its ``make_batch`` (a quarter of the batch padded on its second half). One forwa
 records layer 0's query, key, value and padding mask (:func:`hf_sliced_attn.attention.observe_attention`);
 on those inputs each piece of the layer runs forward, then backward from a fixed random gradient:
 
-* ``projection``: ``module.sliced_projection(query, key, mask)`` -> the scalars s, t;
+* ``projection``: ``module.sliced_projection(query, key, mask)`` -> the scalars s, t (an MLP
+  projection runs on the real tokens only); ``projection_every_token``, for an MLP projection:
+  the same without the mask, as before it skipped padded tokens;
 * ``op``: ``sliced_relu(s, t, value, mask)`` on s, t as leaves;
 * ``output``: ``value_mean`` and ``module.sliced_output`` (converted layers only);
 * ``layer``: the whole of ``attend`` (the three above in one graph).
 
-Each piece's time is the median of ``--repeats`` runs (``time.perf_counter``) after one warm-up; the
+Each piece's time is the median of ``--repeats`` runs (``time.perf_counter``) after one warm-up, the
+pieces of a contender and shape taking turns run by run; the
 "per step" column multiplies it by the number of layers (every layer has this shape). Results:
 printed and written to ``<output>/attention_layer.md`` and ``attention_layer.json`` (``<output>`` =
 ``benchmarks/results`` unless ``--output``), with the command, versions, threads and commit.
@@ -42,6 +45,7 @@ import transformers  # noqa: E402
 from benchmarks._report import source_state  # noqa: E402
 from benchmarks.bench_training_step import build_model, make_batch, parse_shapes  # noqa: E402
 from hf_sliced_attn.attention import observe_attention  # noqa: E402
+from hf_sliced_attn.mechanisms.sliced_relu import SlicedMLPProjection  # noqa: E402
 from hf_sliced_attn.mechanisms.sliced_relu.attention import attend  # noqa: E402
 from hf_sliced_attn.ops import sliced_relu, value_mean  # noqa: E402
 
@@ -71,8 +75,8 @@ def pieces(inputs: dict) -> dict[str, Callable[[], None]]:
     grads = {name: torch.randn(shape, generator=generator) for name, shape in
              (("s", s.shape), ("t", t.shape), ("out", value.shape))}
 
-    def projection() -> None:
-        scalars = module.sliced_projection(*_leaves(query, key), mask)
+    def projection(token_mask: torch.Tensor | None = mask) -> None:
+        scalars = module.sliced_projection(*_leaves(query, key), token_mask)
         torch.autograd.backward(scalars, (grads["s"], grads["t"]))
 
     def op() -> None:
@@ -87,20 +91,27 @@ def pieces(inputs: dict) -> dict[str, Callable[[], None]]:
         out = attend(module, *_leaves(query, key, value), mask, None, None)
         out.backward(grads["out"].transpose(1, 2))
 
-    runs = {"projection": projection, "op": op}
+    runs = {"projection": projection}
+    if isinstance(module.sliced_projection, SlicedMLPProjection):
+        runs["projection_every_token"] = lambda: projection(None)
+    runs["op"] = op
     if getattr(module, "sliced_output", None) is not None:
         runs["output"] = output
     return {**runs, "layer": layer}
 
 
-def median_seconds(run: Callable[[], None], repeats: int) -> float:
-    run()
-    seconds = []
-    for _ in range(repeats):
-        start = time.perf_counter()
+def median_seconds(runs: dict[str, Callable[[], None]], repeats: int) -> dict[str, float]:
+    """Each run's median time; after one warm-up each, the runs take turns (one of each per round),
+    so that a slow period of a shared machine slows them alike."""
+    seconds: dict[str, list[float]] = {name: [] for name in runs}
+    for run in runs.values():
         run()
-        seconds.append(time.perf_counter() - start)
-    return statistics.median(seconds)
+    for _ in range(repeats):
+        for name, run in runs.items():
+            start = time.perf_counter()
+            run()
+            seconds[name].append(time.perf_counter() - start)
+    return {name: statistics.median(times) for name, times in seconds.items()}
 
 
 def measure(shapes: list[tuple[int, int]], repeats: int) -> list[dict]:
@@ -110,8 +121,7 @@ def measure(shapes: list[tuple[int, int]], repeats: int) -> list[dict]:
         layers = model.config.num_hidden_layers
         for batch_size, length in shapes:
             batch = make_batch(batch_size, length, model.config.vocab_size, model.config.pad_token_id)
-            for piece, run in pieces(layer_inputs(model, batch)).items():
-                seconds = median_seconds(run, repeats)
+            for piece, seconds in median_seconds(pieces(layer_inputs(model, batch)), repeats).items():
                 records.append({"contender": name, "shape": f"{batch_size}x{length}", "piece": piece,
                                 "layer_s": seconds, "layers": layers, "step_s": seconds * layers})
                 print(f"  {name:22s} {batch_size}x{length} {piece:10s} {seconds * 1e3:8.2f} ms per layer", flush=True)
@@ -125,7 +135,8 @@ def report(header: dict, records: list[dict]) -> str:
         f"`{header['command']}` — torch {header['torch']}, transformers {header['transformers']}, "
         f"{header['threads']} torch threads on {header['cpu_count']} cores, {header['source']}. "
         f"Layer 0's inputs from a train() forward of the training-step benchmark's batch (a quarter of it "
-        f"padded on its second half); median of {header['repeats']} runs after 1 warm-up; per step = "
+        f"padded on its second half); median of {header['repeats']} runs after 1 warm-up, the pieces taking "
+        f"turns; per step = "
         f"per layer × the model's {records[0]['layers']} layers.",
         "",
         "| contender | B×T | piece | per layer | per step |",

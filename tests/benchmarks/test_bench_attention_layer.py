@@ -27,7 +27,7 @@ def test_every_piece_is_timed_on_the_contenders_modules(tmp_path):
     records = json.loads((tmp_path / "attention_layer.json").read_text())["results"]
     pieces = {(r["contender"], r["piece"]) for r in records}
     assert pieces == {("sliced_relu", p) for p in ("projection", "op", "layer")} | {
-        ("sliced_relu_converted", p) for p in ("projection", "op", "output", "layer")}
+        ("sliced_relu_converted", p) for p in ("projection", "projection_every_token", "op", "output", "layer")}
     assert all(r["layer_s"] > 0 and r["step_s"] == r["layer_s"] * r["layers"] for r in records)
     assert "| sliced_relu_converted | 2x16 | output |" in (tmp_path / "attention_layer.md").read_text()
 
