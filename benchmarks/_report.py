@@ -7,8 +7,12 @@ from __future__ import annotations
 import ctypes
 import gc
 import math
+import os
+import platform
 import re
+import shlex
 import subprocess
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -71,3 +75,17 @@ def source_state() -> str:
     commit = git("rev-parse", "--short", "HEAD") or "unknown"
     dirty = git("status", "--porcelain", "--", "hf_sliced_attn").splitlines()
     return f"commit {commit}" + (f" with uncommitted changes to {', '.join(line[3:] for line in dirty)}" if dirty else "")
+
+
+def environment(script: str, argv: list[str] | None) -> dict[str, object]:
+    """What a result was measured with: the command (``python benchmarks/<script>`` and its
+    arguments, ``sys.argv`` when ``argv`` is None), the torch, transformers and Python versions,
+    torch's threads, the cores and :func:`source_state`."""
+    import torch
+    import transformers
+
+    return {
+        "command": shlex.join(["python", f"benchmarks/{script}", *(sys.argv[1:] if argv is None else argv)]),
+        "torch": torch.__version__, "transformers": transformers.__version__, "python": platform.python_version(),
+        "threads": torch.get_num_threads(), "cpu_count": os.cpu_count(), "source": source_state(),
+    }

@@ -29,8 +29,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
-import shlex
 import statistics
 import sys
 import time
@@ -42,7 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 import torch  # noqa: E402
 import transformers  # noqa: E402
 
-from benchmarks._report import source_state  # noqa: E402
+from benchmarks._report import environment  # noqa: E402
 from benchmarks.bench_training_step import build_model, make_batch, parse_shapes  # noqa: E402
 from hf_sliced_attn.attention import observe_attention  # noqa: E402
 from hf_sliced_attn.mechanisms.sliced_relu import SlicedMLPProjection  # noqa: E402
@@ -158,13 +156,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(args.threads)
     transformers.logging.set_verbosity_error()
     transformers.logging.disable_progress_bar()
-    header = {
-        "command": shlex.join(["python", "benchmarks/bench_attention_layer.py",
-                               *(sys.argv[1:] if argv is None else argv)]),
-        "torch": torch.__version__, "transformers": transformers.__version__, "python": platform.python_version(),
-        "threads": torch.get_num_threads(), "cpu_count": os.cpu_count(), "source": source_state(),
-        "repeats": args.repeats,
-    }
+    header = {**environment("bench_attention_layer.py", argv), "repeats": args.repeats}
     records = measure(parse_shapes(args.shapes), args.repeats)
     markdown = report(header, records)
     print("\n" + markdown)

@@ -44,8 +44,6 @@ import argparse
 import gc
 import json
 import os
-import platform
-import shlex
 import statistics
 import sys
 import time
@@ -61,7 +59,7 @@ import transformers  # noqa: E402
 from transformers import AutoConfig, AutoModelForSequenceClassification  # noqa: E402
 
 import hf_sliced_attn  # noqa: E402
-from benchmarks._report import Bar, source_state  # noqa: E402
+from benchmarks._report import Bar, environment  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
@@ -217,13 +215,8 @@ def main(argv: list[str] | None = None) -> int:
     transformers.logging.set_verbosity_error()  # "newly initialized" warnings: the head is new by design
     transformers.logging.disable_progress_bar()
     shapes = parse_shapes(args.shapes)
-    header = {
-        "command": shlex.join(["python", "benchmarks/bench_training_step.py",
-                               *(sys.argv[1:] if argv is None else argv)]),
-        "torch": torch.__version__, "transformers": transformers.__version__, "python": platform.python_version(),
-        "threads": torch.get_num_threads(), "cpu_count": os.cpu_count(), "source": source_state(),
-        "checkpoint": str(checkpoint()), "steps": args.steps, "load_start": os.getloadavg()[0],
-    }
+    header = {**environment("bench_training_step.py", argv), "checkpoint": str(checkpoint()), "steps": args.steps,
+              "load_start": os.getloadavg()[0]}
     print(header, flush=True)
     raw: dict[str, dict[str, list[float]]] = {}
     for batch, length in shapes:

@@ -100,11 +100,9 @@ class SlicedMLPProjection(PluginModule):
     def _scalars(self, x: torch.Tensor, token_mask: torch.Tensor | None) -> torch.Tensor:
         """(B, H, T, D) and (B, T) bool or None -> (B, H, M, T), 0 at padded tokens."""
         tokens = _tokens(x)  # (B, T, H*D)
-        if token_mask is None:
-            scalars = self._mlp(tokens)
-        elif torch.compiler.is_compiling():
+        if token_mask is not None and torch.compiler.is_compiling():
             scalars = torch.where(token_mask.unsqueeze(-1), self._mlp(tokens), 0.0)
-        elif bool(token_mask.all()):
+        elif token_mask is None or bool(token_mask.all()):
             scalars = self._mlp(tokens)
         else:
             real = token_mask.reshape(-1).nonzero().squeeze(1)
