@@ -3,19 +3,21 @@
     python benchmarks/bench_attention_layer.py                        # 32x128 and 8x512, 15 repeats
     python benchmarks/bench_attention_layer.py --shapes 2x16 --repeats 2 --threads 1 --output /tmp/al_smoke
 
-The models are ``bench_training_step.py``'s: all-MiniLM-L6-v2 (12 heads, head dim 32, 6 layers)
-for sequence classification, built by its ``build_model`` for the contenders ``sliced_relu`` (one
-linear slice per head) and ``sliced_relu_converted`` (4 slices, MLP projection, affine output), fed
-its ``make_batch`` (a quarter of the batch padded on its second half). One forward in train() mode
-records layer 0's query, key, value and padding mask (:func:`hf_sliced_attn.attention.observe_attention`);
-on those inputs each piece of the layer runs forward, then backward from a fixed random gradient:
+The models are ``bench_training_step.py``'s: all-MiniLM-L6-v2 (12 heads, head dim 32, hidden 384, 6
+layers) for sequence classification, built by its ``build_model`` for the contenders ``sliced_relu``
+(one linear slice per head) and ``sliced_relu_converted`` (4 slices, MLP projection, affine output),
+fed its ``make_batch`` (a quarter of the batch padded on its second half). One forward in train() mode
+records layer 0's input x (B, T, 384) and padding mask, and its value (B, H, T, D); on those inputs
+each piece of the layer runs forward, then backward from a fixed random gradient:
 
-* ``projection``: ``module.sliced_projection(query, key, mask)`` -> the scalars s, t (an MLP
-  projection runs on the real tokens only); ``projection_every_token``, for an MLP projection:
-  the same without the mask, as before it skipped padded tokens;
+* ``projection``: the scalars s, t as the layer computes them, the projection folded into the query
+  and key layers (``sliced_projection.project_input(x, query, key, mask)``; an MLP projection runs on
+  the real tokens only); ``projection_formed``: the query and key layers, then ``sliced_projection``
+  of q and k, as when the fold does not apply;
 * ``op``: ``sliced_relu(s, t, value, mask)`` on s, t as leaves;
 * ``output``: ``value_mean`` and ``module.sliced_output`` (converted layers only);
-* ``layer``: the whole of ``attend`` (the three above in one graph).
+* ``layer``: the self-attention module's forward as the model runs it (the value layer, the projection,
+  the op and the output); ``layer_formed``: the same forming q and k (within ``observe_attention``).
 
 Each piece's time is the median of ``--repeats`` runs (``time.perf_counter``) after one warm-up, the
 pieces of a contender and shape taking turns run by run; the
@@ -43,38 +45,54 @@ import transformers  # noqa: E402
 from benchmarks._report import environment  # noqa: E402
 from benchmarks.bench_training_step import build_model, make_batch, parse_shapes  # noqa: E402
 from hf_sliced_attn.attention import observe_attention  # noqa: E402
-from hf_sliced_attn.mechanisms.sliced_relu import SlicedMLPProjection  # noqa: E402
-from hf_sliced_attn.mechanisms.sliced_relu.attention import attend  # noqa: E402
 from hf_sliced_attn.ops import sliced_relu, value_mean  # noqa: E402
+from hf_sliced_attn.taps import attention_modules  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
 CONTENDERS = ("sliced_relu", "sliced_relu_converted")
 
 
-def layer_inputs(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """Layer 0's attention module and its query, key, value (B, H, T, D) and padding mask, from one forward."""
-    seen: list[dict] = []
-    with torch.no_grad(), observe_attention(lambda **inputs: seen.append(inputs)):
-        model(**batch)
-    return seen[0]
+def layer_inputs(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> dict:
+    """Layer 0's attention module, its input x (B, T, C), the padding mask it gets (B, T) bool or None,
+    and its value (B, H, T, D), from one forward."""
+    module = attention_modules(model)[0]
+    seen: dict = {"module": module}
+    handle = module.register_forward_pre_hook(
+        lambda _, args, kwargs: seen.update(hidden_states=args[0], attention_mask=kwargs["attention_mask"]),
+        with_kwargs=True)
+    try:
+        with torch.no_grad(), observe_attention(lambda **inputs: seen.setdefault("value", inputs["value"])):
+            model(**batch)
+    finally:
+        handle.remove()
+    return seen
 
 
 def _leaves(*tensors: torch.Tensor) -> list[torch.Tensor]:
-    """Fresh leaves with the same values and strides (q, k, v stay views of (B, T, H, D) buffers)."""
+    """Fresh leaves with the same values and strides (v stays a view of a (B, T, H, D) buffer)."""
     return [x.detach().clone(memory_format=torch.preserve_format).requires_grad_() for x in tensors]
 
 
 def pieces(inputs: dict) -> dict[str, Callable[[], None]]:
     """Each piece of the layer as a function that runs its forward and backward once."""
-    module, mask = inputs["module"], inputs["key_padding_mask"]
-    query, key, value = inputs["query"], inputs["key"], inputs["value"]
+    module, mask = inputs["module"], inputs["attention_mask"]
+    hidden_states, value = inputs["hidden_states"], inputs["value"]
+    projection = module.sliced_projection
     generator = torch.Generator().manual_seed(0)
-    s, t = (x.detach() for x in module.sliced_projection(query, key, mask))
+    s, t = (x.detach() for x in projection.project_input(hidden_states, module.query, module.key, mask))
     grads = {name: torch.randn(shape, generator=generator) for name, shape in
-             (("s", s.shape), ("t", t.shape), ("out", value.shape))}
+             (("s", s.shape), ("t", t.shape), ("out", value.shape), ("layer", hidden_states.shape))}
 
-    def projection(token_mask: torch.Tensor | None = mask) -> None:
-        scalars = module.sliced_projection(*_leaves(query, key), token_mask)
+    def heads(x: torch.Tensor) -> torch.Tensor:
+        return x.view(*value.transpose(1, 2).shape).transpose(1, 2)
+
+    def project() -> None:
+        scalars = projection.project_input(*_leaves(hidden_states), module.query, module.key, mask)
+        torch.autograd.backward(scalars, (grads["s"], grads["t"]))
+
+    def project_formed() -> None:
+        (x,) = _leaves(hidden_states)
+        scalars = projection(heads(module.query(x)), heads(module.key(x)), mask)
         torch.autograd.backward(scalars, (grads["s"], grads["t"]))
 
     def op() -> None:
@@ -86,16 +104,17 @@ def pieces(inputs: dict) -> dict[str, Callable[[], None]]:
         module.sliced_output(attention, value_mean(v, mask)).backward(grads["out"])
 
     def layer() -> None:
-        out = attend(module, *_leaves(query, key, value), mask, None, None)
-        out.backward(grads["out"].transpose(1, 2))
+        out, _ = module(*_leaves(hidden_states), attention_mask=mask)
+        out.backward(grads["layer"])
 
-    runs = {"projection": projection}
-    if isinstance(module.sliced_projection, SlicedMLPProjection):
-        runs["projection_every_token"] = lambda: projection(None)
-    runs["op"] = op
+    def layer_formed() -> None:
+        with observe_attention(lambda **_: None):
+            layer()
+
+    runs = {"projection": project, "projection_formed": project_formed, "op": op}
     if getattr(module, "sliced_output", None) is not None:
         runs["output"] = output
-    return {**runs, "layer": layer}
+    return {**runs, "layer": layer, "layer_formed": layer_formed}
 
 
 def median_seconds(runs: dict[str, Callable[[], None]], repeats: int) -> dict[str, float]:
@@ -122,7 +141,7 @@ def measure(shapes: list[tuple[int, int]], repeats: int) -> list[dict]:
             for piece, seconds in median_seconds(pieces(layer_inputs(model, batch)), repeats).items():
                 records.append({"contender": name, "shape": f"{batch_size}x{length}", "piece": piece,
                                 "layer_s": seconds, "layers": layers, "step_s": seconds * layers})
-                print(f"  {name:22s} {batch_size}x{length} {piece:10s} {seconds * 1e3:8.2f} ms per layer", flush=True)
+                print(f"  {name:22s} {batch_size}x{length} {piece:17s} {seconds * 1e3:8.2f} ms per layer", flush=True)
     return records
 
 
@@ -132,7 +151,7 @@ def report(header: dict, records: list[dict]) -> str:
         "",
         f"`{header['command']}` — torch {header['torch']}, transformers {header['transformers']}, "
         f"{header['threads']} torch threads on {header['cpu_count']} cores, {header['source']}. "
-        f"Layer 0's inputs from a train() forward of the training-step benchmark's batch (a quarter of it "
+        f"Layer 0's input from a train() forward of the training-step benchmark's batch (a quarter of it "
         f"padded on its second half); median of {header['repeats']} runs after 1 warm-up, the pieces taking "
         f"turns; per step = "
         f"per layer × the model's {records[0]['layers']} layers.",

@@ -49,6 +49,11 @@ def observe_attention(observer: AttentionObserver) -> Iterator[None]:
         _observers.remove(observer)
 
 
+def observing() -> bool:
+    """Whether an :func:`observe_attention` block is open (converted layers must then form q and k)."""
+    return bool(_observers)
+
+
 def key_padding_mask_from(attention_mask: torch.Tensor | None, key: torch.Tensor) -> torch.Tensor | None:
     """Check the mask given by the registered builder: a (B, Tk) bool or None."""
     if attention_mask is None:

@@ -8,6 +8,9 @@ On :func:`register` (run by ``import hf_sliced_attn``):
   gain the new module at construction when the config asks for a mechanism, and their
   ``PreTrainedModel`` initialises it in ``_init_weights``; so the parameters exist before
   weights load, and converting a vanilla checkpoint initialises them properly.
+* On the BERT family, whose attention forward is only q, k, v = Linear layers of the input and the
+  attention function, a converted layer whose mechanism can attend from the input (sliced ReLU folds its
+  projection into the query and key layers) does so: the same function with fewer matrix products.
 * Their configs save ``attn_implementation`` next to the plugin's options. Loading a
   converted checkpoint with the plugin selects the mechanism by itself; without the
   plugin transformers refuses the unknown implementation instead of running softmax.
@@ -23,7 +26,7 @@ from torch import nn
 from transformers import AttentionInterface, PretrainedConfig, PreTrainedModel
 from transformers.masking_utils import AttentionMaskInterface
 
-from .attention import LAYER_MODE_ATTR, SOFTMAX, attention_function
+from .attention import LAYER_MODE_ATTR, SOFTMAX, attention_function, key_padding_mask_from, observing
 from .mechanisms import CONFIG_KEY, MECHANISMS, Mechanism, MechanismConfig, PluginModule
 from .models import ARCHITECTURES, SUPPORTED_MODEL_TYPES, ArchitectureSpec, spec_for
 
@@ -122,6 +125,58 @@ def _patch_attention_init(attention_class: type[nn.Module], spec: ArchitectureSp
         attach_modules(self, config, spec)
 
     attention_class.__init__ = __init__
+
+
+def _runs_as_written(linear: nn.Module) -> bool:
+    """Whether reading ``linear``'s weight and bias gives what calling it would: a plain ``nn.Linear``
+    with no hooks or replaced forward (not peft-wrapped, quantized, parametrized or offloaded)."""
+    return (
+        type(linear) is nn.Linear
+        and "forward" not in vars(linear)
+        and not (linear._forward_hooks or linear._forward_pre_hooks)
+        and not (torch.nn.modules.module._global_forward_hooks or torch.nn.modules.module._global_forward_pre_hooks)
+        and linear.weight.device.type != "meta"
+    )
+
+
+def _attention_from_input(
+    module: nn.Module, spec: ArchitectureSpec, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None,
+    extra_args: tuple, kwargs: dict[str, Any],
+) -> tuple[torch.Tensor, None] | None:
+    """The forward of a converted layer computed by its mechanism's ``input_attention``, or None where that
+    does not apply (then the layer runs its own forward). Same outputs, same errors."""
+    mode = getattr(module, LAYER_MODE_ATTR, SOFTMAX)
+    mechanism = MECHANISMS.get(mode)
+    if (
+        mechanism is None
+        or mechanism.input_attention is None
+        or module.config._attn_implementation != mode
+        or extra_args
+        or any(kwargs.get(name) is not None for name in ("cache", "past_key_values", "encoder_hidden_states"))
+        or observing()
+    ):
+        return None
+    query, key, value = spec.input_projections(module)
+    batch, length, _ = hidden_states.shape
+    if not (_runs_as_written(query) and _runs_as_written(key)
+            and mechanism.input_attention.applies(module, query, key, batch * length)):
+        return None
+    num_heads, head_dim = spec.head_shape(module)
+    values = value(hidden_states).view(batch, length, num_heads, head_dim).transpose(1, 2)
+    padding = key_padding_mask_from(attention_mask, values)
+    out = mechanism.input_attention.attend(module, hidden_states, query, key, values, padding)
+    return out.reshape(batch, length, -1).contiguous(), None
+
+
+def _patch_attention_forward(attention_class: type[nn.Module], spec: ArchitectureSpec) -> None:
+    original = attention_class.forward
+
+    @functools.wraps(original)
+    def forward(self, hidden_states, attention_mask=None, *args, **kwargs):
+        output = _attention_from_input(self, spec, hidden_states, attention_mask, args, kwargs)
+        return output if output is not None else original(self, hidden_states, attention_mask, *args, **kwargs)
+
+    attention_class.forward = forward
 
 
 def _patch_init_weights(pretrained_class: type[PreTrainedModel]) -> None:
@@ -239,6 +294,8 @@ def register() -> None:
     for spec in ARCHITECTURES.values():
         for attention_class in spec.attention_classes:
             _patch_attention_init(attention_class, spec)
+            if spec.input_projections is not None:
+                _patch_attention_forward(attention_class, spec)
         _patch_init_weights(spec.pretrained_class)
         _patch_set_attn_implementation(spec.pretrained_class, spec)
         _patch_config_to_dict(spec.config_class)

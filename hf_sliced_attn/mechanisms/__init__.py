@@ -6,13 +6,14 @@ a ``MECHANISMS.register`` call here (or, from outside the package,
 recipe pick it up from the registry.
 """
 
-from .base import CONFIG_KEY, MECHANISMS, Mechanism, MechanismConfig, Paper, PluginModule, parse_layers
+from .base import CONFIG_KEY, MECHANISMS, InputAttention, Mechanism, MechanismConfig, Paper, PluginModule, parse_layers
 from .rela import RELA, RelaConfig
 from .sliced_relu import SLICED_RELU, SlicedReluConfig
 
 __all__ = [
     "CONFIG_KEY",
     "MECHANISMS",
+    "InputAttention",
     "RELA",
     "SLICED_RELU",
     "Mechanism",

@@ -127,6 +127,24 @@ attention layer, holding the mechanism's modules under their names."""
 
 
 @dataclass(frozen=True)
+class InputAttention:
+    """A mechanism's attention computed from the attention layer's input, on architectures where q and k
+    are Linear layers of it with nothing in between (the BERT family; not RoPE models). A mechanism that
+    only reads q and k through a projection can fold that projection into them and skip forming q and k.
+
+    Attributes:
+        applies: (module, query, key, num_tokens) -> whether ``attend`` costs less than the query and key
+            layers followed by ``Mechanism.attend``, for a batch of ``num_tokens`` (B*T) tokens.
+        attend: (module, hidden_states (B, T, C), query, key, value (B, H, T, D), key_padding_mask) ->
+            (B, T, H, D): ``Mechanism.attend`` of q = query(hidden_states) and k = key(hidden_states),
+            viewed as (B, H, T, D), on a global layer.
+    """
+
+    applies: Callable[[nn.Module, nn.Linear, nn.Linear, int], bool]
+    attend: Callable[[nn.Module, torch.Tensor, nn.Linear, nn.Linear, torch.Tensor, "torch.Tensor | None"], torch.Tensor]
+
+
+@dataclass(frozen=True)
 class Mechanism:
     """One attention mechanism, everything the package needs to know about it.
 
@@ -138,6 +156,7 @@ class Mechanism:
         module_names: the attributes under which ``build_modules`` may put modules on an attention layer.
         build_modules: (options, num_heads, head_dim) -> {attribute name: new module}, uninitialised.
         attend: the attention itself (:data:`AttendFunction`).
+        input_attention: the same attention from the layer input (:class:`InputAttention`), or None.
         title: its name in prose ("Sliced ReLU attention").
         tag: its Hub tag.
         paper: the paper cards cite.
@@ -159,6 +178,7 @@ class Mechanism:
     tag: str
     paper: Paper
     description: str
+    input_attention: InputAttention | None = None
     conversion_defaults: Mapping[str, Any] = field(default_factory=dict)
     transfer_defaults: Mapping[str, Any] = field(default_factory=dict)
     finetune_transfer_defaults: Mapping[str, Any] = field(default_factory=dict)

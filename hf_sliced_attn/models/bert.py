@@ -1,7 +1,8 @@
 """The BERT family: BERT, RoBERTa and XLM-RoBERTa (encoders; every layer is global).
 
 The self-attention class of each (``*SelfAttention``) gets the new module; the model's
-``attention.output.dense`` follows it as usual.
+``attention.output.dense`` follows it as usual. Its forward is q, k, v = ``query``, ``key``, ``value``
+of the input, then the attention function: a mechanism may attend from the input instead.
 """
 
 from __future__ import annotations
@@ -26,13 +27,16 @@ def _never_local(config, layer_idx: int) -> bool:
     return False
 
 
+def _input_projections(module: nn.Module) -> tuple[nn.Module, nn.Module, nn.Module]:
+    return module.query, module.key, module.value
+
+
 SPECS = [
-    ArchitectureSpec("bert", BertConfig, BertPreTrainedModel, (BertSelfAttention,), LORA_TARGETS, _head_shape, _never_local),
-    ArchitectureSpec(
-        "roberta", RobertaConfig, RobertaPreTrainedModel, (RobertaSelfAttention,), LORA_TARGETS, _head_shape, _never_local
-    ),
-    ArchitectureSpec(
-        "xlm-roberta", XLMRobertaConfig, XLMRobertaPreTrainedModel, (XLMRobertaSelfAttention,), LORA_TARGETS,
-        _head_shape, _never_local,
-    ),
+    ArchitectureSpec(model_type, config_class, pretrained_class, (attention_class,), LORA_TARGETS, _head_shape,
+                     _never_local, _input_projections)
+    for model_type, config_class, pretrained_class, attention_class in (
+        ("bert", BertConfig, BertPreTrainedModel, BertSelfAttention),
+        ("roberta", RobertaConfig, RobertaPreTrainedModel, RobertaSelfAttention),
+        ("xlm-roberta", XLMRobertaConfig, XLMRobertaPreTrainedModel, XLMRobertaSelfAttention),
+    )
 ]

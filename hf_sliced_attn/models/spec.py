@@ -21,6 +21,11 @@ class ArchitectureSpec:
         lora_target_modules: peft ``target_modules`` for the attention projections.
         head_shape: (module) -> (num_heads, head_dim) of a built attention module.
         is_local_layer: (config, layer_idx) -> whether that layer attends within a sliding window.
+        input_projections: (module) -> its query, key and value layers, for architectures whose attention
+            forward is only: q, k, v = these layers of the input viewed as (B, H, T, D), the attention
+            function, and its (B, T, H*D) output with no weights. Mechanisms with an
+            :class:`~hf_sliced_attn.mechanisms.InputAttention` then attend from the input. None where q and
+            k are transformed before attention (RoPE).
     """
 
     model_type: str
@@ -30,3 +35,4 @@ class ArchitectureSpec:
     lora_target_modules: str
     head_shape: Callable[[nn.Module], tuple[int, int]]
     is_local_layer: Callable[[PretrainedConfig, int], bool]
+    input_projections: Callable[[nn.Module], tuple[nn.Module, nn.Module, nn.Module]] | None = None

@@ -26,8 +26,8 @@ def test_every_piece_is_timed_on_the_contenders_modules(tmp_path):
     assert bench.main(["--shapes", "2x16", "--repeats", "2", "--threads", "1", "--output", str(tmp_path)]) == 0
     records = json.loads((tmp_path / "attention_layer.json").read_text())["results"]
     pieces = {(r["contender"], r["piece"]) for r in records}
-    assert pieces == {("sliced_relu", p) for p in ("projection", "op", "layer")} | {
-        ("sliced_relu_converted", p) for p in ("projection", "projection_every_token", "op", "output", "layer")}
+    both = ("projection", "projection_formed", "op", "layer", "layer_formed")
+    assert pieces == {("sliced_relu", p) for p in both} | {("sliced_relu_converted", p) for p in (*both, "output")}
     assert all(r["layer_s"] > 0 and r["step_s"] == r["layer_s"] * r["layers"] for r in records)
     assert "| sliced_relu_converted | 2x16 | output |" in (tmp_path / "attention_layer.md").read_text()
 
@@ -38,5 +38,6 @@ def test_layer_inputs_are_layer_0s_with_its_mask():
     inputs = bench.layer_inputs(model, batch)
     assert inputs["module"] is model.bert.encoder.layer[0].attention.self
     assert type(inputs["module"].sliced_projection).__name__ == "SlicedMLPProjection"
-    assert inputs["query"].shape == (4, 12, 12, 32)
-    assert inputs["key_padding_mask"].equal(batch["attention_mask"].bool())
+    assert inputs["hidden_states"].shape == (4, 12, 384)
+    assert inputs["value"].shape == (4, 12, 12, 32)
+    assert inputs["attention_mask"].equal(batch["attention_mask"].bool())

@@ -340,8 +340,11 @@ def test_mlp_projection_token_mask_must_match_the_tokens():
     query = torch.randn(1, 2, 5, 4)
     with pytest.raises(ValueError, match=r"token_mask is for self-attention: it must be \(B, T\)"):
         projection(query, query, torch.ones(1, 6, dtype=torch.bool))
-    with pytest.raises(ValueError, match="queries and keys of T tokens"):
+    with pytest.raises(ValueError, match=r"same T tokens, got \(1, 5\) for queries \(1, 2, 5, 4\) and keys \(1, 2, 6, 4\)"):
         projection(query, torch.randn(1, 2, 6, 4), torch.ones(1, 5, dtype=torch.bool))
+    with pytest.raises(ValueError, match=r"got \(1, 6\) for an input \(1, 5, 8\)"):
+        projection.project_input(torch.randn(1, 5, 8), torch.nn.Linear(8, 8), torch.nn.Linear(8, 8),
+                                 torch.ones(1, 6, dtype=torch.bool))
 
 
 @pytest.mark.parametrize("vanilla_dir", ["roberta"], indirect=True)

@@ -1,7 +1,7 @@
 """Sliced ReLU attention (Boufadène & Vialard, arXiv 2512.11411) as a registered mechanism."""
 
-from ..base import Mechanism, Paper
-from .attention import attend, build_modules
+from ..base import InputAttention, Mechanism, Paper
+from .attention import attend, attend_from_input, build_modules, folds_input
 from .config import SlicedReluConfig
 from .modules import SlicedBandwidth, SlicedMLPProjection, SlicedOutputAffine, SlicedProjection
 
@@ -10,6 +10,7 @@ SLICED_RELU = Mechanism(
     module_names=("sliced_projection", "sliced_bandwidth", "sliced_output"),
     build_modules=build_modules,
     attend=attend,
+    input_attention=InputAttention(applies=folds_input, attend=attend_from_input),
     title="Sliced ReLU attention",
     tag="sliced-relu",
     paper=Paper(arxiv_id="2512.11411", authors="Boufadène & Vialard"),

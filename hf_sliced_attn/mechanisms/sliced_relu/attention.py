@@ -29,6 +29,26 @@ def attend(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: tor
     ``sliced_bandwidth``), then ``module.sliced_output`` if the layer has one: (B, H, T, D) ->
     (B, T, H, D). ``scaling`` is unused (the kernels act on the projected scalars only)."""
     query_scalars, key_scalars = module.sliced_projection(query, key, key_padding_mask)
+    return _attend_scalars(module, query_scalars, key_scalars, value, key_padding_mask, sliding_window)
+
+
+def folds_input(module: nn.Module, query: nn.Linear, key: nn.Linear, num_tokens: int) -> bool:
+    """Whether :func:`attend_from_input` costs less than :func:`attend` after ``query`` and ``key`` on this layer."""
+    return module.sliced_projection.folds(num_tokens, query.in_features)
+
+
+def attend_from_input(module: nn.Module, hidden_states: torch.Tensor, query: nn.Linear, key: nn.Linear,
+                      value: torch.Tensor, key_padding_mask: torch.Tensor | None) -> torch.Tensor:
+    """:func:`attend` of q = ``query(hidden_states)`` and k = ``key(hidden_states)`` (heads side by side),
+    with the projection folded into ``query`` and ``key`` (``sliced_projection.project_input``): the
+    layer input (B, T, C) and value (B, H, T, D) -> (B, T, H, D). For global layers without RoPE."""
+    query_scalars, key_scalars = module.sliced_projection.project_input(hidden_states, query, key, key_padding_mask)
+    return _attend_scalars(module, query_scalars, key_scalars, value, key_padding_mask, None)
+
+
+def _attend_scalars(module: nn.Module, query_scalars: torch.Tensor, key_scalars: torch.Tensor, value: torch.Tensor,
+                    key_padding_mask: torch.Tensor | None, sliding_window: int | None) -> torch.Tensor:
+    """The kernel on the projected scalars (B, H, M, T), then ``module.sliced_output``: -> (B, T, H, D)."""
     bandwidth = getattr(module, "sliced_bandwidth", None)
     if bandwidth is not None:
         b = bandwidth().to(query_scalars.dtype)

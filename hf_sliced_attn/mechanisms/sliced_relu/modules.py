@@ -9,6 +9,9 @@ and the mean value.
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
+
 import torch
 from torch import nn
 from transformers import initialization as init
@@ -29,6 +32,14 @@ def _per_head(scalars: torch.Tensor, heads: int, slices: int) -> torch.Tensor:
     return scalars.view(batch, length, heads, slices).permute(0, 2, 3, 1)
 
 
+def _after(linear: nn.Linear, weight: torch.Tensor, bias: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The weight and bias of ``x -> F.linear(linear(x), weight, bias)``: one affine map, (out, in_features)."""
+    folded_bias = None if linear.bias is None else linear.bias @ weight.T
+    if bias is not None:
+        folded_bias = bias if folded_bias is None else folded_bias + bias
+    return weight @ linear.weight, folded_bias
+
+
 class SlicedProjection(PluginModule):
     """The learned directions of sliced ReLU attention: M per head.
 
@@ -40,6 +51,10 @@ class SlicedProjection(PluginModule):
     Computed as one product of the tokens (B, T, H*D) with the block-diagonal (H*D, H*M)
     matrix of the directions: it reads q and k in the layout attention layers hold them, and
     its backward writes dL/dq in that layout, with no transposed copies.
+
+    :meth:`project_input` gives the same scalars from the layer input x when q = W_q x + b_q:
+    s = (W_q^T P) x + P^T b_q, P the block-diagonal matrix, an (H*M)-wide product instead of
+    the (H*D)-wide q.
     """
 
     def __init__(self, num_heads: int, head_dim: int, num_slices: int = 1) -> None:
@@ -54,8 +69,29 @@ class SlicedProjection(PluginModule):
         self, query: torch.Tensor, key: torch.Tensor, token_mask: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """``token_mask`` is unused: projecting every token costs less than selecting the real ones."""
-        weight = torch.block_diag(*self.directions.to(query.dtype).transpose(1, 2))  # (H*D, H*M)
+        weight = self._block_diagonal(query.dtype)
         return tuple(_per_head(_tokens(x) @ weight, self.num_heads, self.num_slices) for x in (query, key))
+
+    def _block_diagonal(self, dtype: torch.dtype) -> torch.Tensor:
+        """The directions as one (H*D, H*M) block-diagonal matrix."""
+        return torch.block_diag(*self.directions.to(dtype).transpose(1, 2))
+
+    def folds(self, num_tokens: int, in_features: int) -> bool:
+        """Whether :meth:`project_input` costs less than the query and key layers plus :meth:`forward`
+        for ``num_tokens`` tokens of ``in_features`` (folding costs (H*D) x in_features x (H*M) once)."""
+        return num_tokens >= self.num_heads * self.num_slices
+
+    def project_input(
+        self, hidden_states: torch.Tensor, query: nn.Linear, key: nn.Linear, token_mask: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``forward`` of q = ``query(hidden_states)`` and k = ``key(hidden_states)`` viewed as (B, H, T, D),
+        from the layer input (B, T, C) without forming q and k. ``token_mask`` is unused, as in ``forward``."""
+        weight = self._block_diagonal(query.weight.dtype).T  # (H*M, H*D)
+        query_scalars, key_scalars = (
+            _per_head(nn.functional.linear(hidden_states, *_after(linear, weight, None)), self.num_heads, self.num_slices)
+            for linear in (query, key)
+        )
+        return query_scalars, key_scalars
 
     def extra_repr(self) -> str:
         return f"num_heads={self.num_heads}, head_dim={self.head_dim}, num_slices={self.num_slices}"
@@ -78,6 +114,11 @@ class SlicedMLPProjection(PluginModule):
     the output at a padded query is not used (as with transformers' FlashAttention-2 path, which
     leaves zeros there). Under ``torch.compile`` the MLP runs on every token and the padded
     scalars are set to 0 (the same function, with no data-dependent shape).
+
+    :meth:`project_input` gives the same scalars from the layer input x when q = W_q x + b_q:
+    ``hidden`` (A, c) after the query layer is one affine map, GELU((A W_q) x + A b_q + c), so
+    the tokens go through one (H*D x C) product instead of two. Folding A W_q costs as much as
+    projecting C tokens: it pays from ``in_features`` tokens on (:meth:`folds`).
     """
 
     def __init__(self, num_heads: int, head_dim: int, num_slices: int = 1) -> None:
@@ -93,33 +134,58 @@ class SlicedMLPProjection(PluginModule):
             init.normal_(linear.weight, mean=0.0, std=initializer_range)
             init.zeros_(linear.bias)
 
-    def _mlp(self, tokens: torch.Tensor) -> torch.Tensor:
-        """(..., H*D) -> (..., H*M)."""
-        return self.to_scalars(self.activation(self.hidden(tokens)))
+    def _scalars(
+        self, tokens: torch.Tensor, first_layer: Callable[[torch.Tensor], torch.Tensor], token_mask: torch.Tensor | None
+    ) -> torch.Tensor:
+        """(B, T, F) tokens, the map of F-wide rows to ``hidden``'s pre-activations, and a (B, T) bool
+        mask or None -> (B, H, M, T), 0 at padded tokens."""
 
-    def _scalars(self, x: torch.Tensor, token_mask: torch.Tensor | None) -> torch.Tensor:
-        """(B, H, T, D) and (B, T) bool or None -> (B, H, M, T), 0 at padded tokens."""
-        tokens = _tokens(x)  # (B, T, H*D)
+        def mlp(rows: torch.Tensor) -> torch.Tensor:
+            return self.to_scalars(self.activation(first_layer(rows)))
+
         if token_mask is not None and torch.compiler.is_compiling():
-            scalars = torch.where(token_mask.unsqueeze(-1), self._mlp(tokens), 0.0)
+            scalars = torch.where(token_mask.unsqueeze(-1), mlp(tokens), 0.0)
         elif token_mask is None or bool(token_mask.all()):
-            scalars = self._mlp(tokens)
+            scalars = mlp(tokens)
         else:
             real = token_mask.reshape(-1).nonzero().squeeze(1)
             flat = tokens.reshape(-1, tokens.shape[-1])
-            selected = self._mlp(flat.index_select(0, real))
+            selected = mlp(flat.index_select(0, real))
             scalars = selected.new_zeros(flat.shape[0], selected.shape[-1]).index_copy(0, real, selected)
         return _per_head(scalars.view(*tokens.shape[:2], -1), self.num_heads, self.num_slices)
+
+    @staticmethod
+    def _check_token_mask(token_mask: torch.Tensor | None, tokens: tuple[int, ...], same_tokens: bool, inputs: str) -> None:
+        if token_mask is not None and (tuple(token_mask.shape) != tokens or not same_tokens):
+            raise ValueError(
+                f"token_mask is for self-attention: it must be (B, T) with queries and keys of the same T tokens, "
+                f"got {tuple(token_mask.shape)} for {inputs}."
+            )
 
     def forward(
         self, query: torch.Tensor, key: torch.Tensor, token_mask: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        if token_mask is not None and (token_mask.shape != (query.shape[0], query.shape[2]) or key.shape != query.shape):
-            raise ValueError(
-                f"token_mask is for self-attention: it must be (B, T) with queries and keys of T tokens, got "
-                f"{tuple(token_mask.shape)} for queries {tuple(query.shape)} and keys {tuple(key.shape)}."
-            )
-        return self._scalars(query, token_mask), self._scalars(key, token_mask)
+        self._check_token_mask(token_mask, (query.shape[0], query.shape[2]), key.shape == query.shape,
+                               f"queries {tuple(query.shape)} and keys {tuple(key.shape)}")
+        return tuple(self._scalars(_tokens(x), self.hidden, token_mask) for x in (query, key))
+
+    def folds(self, num_tokens: int, in_features: int) -> bool:
+        """Whether :meth:`project_input` costs less than the query and key layers plus :meth:`forward`
+        for ``num_tokens`` tokens of ``in_features`` (folding costs as much as projecting ``in_features`` tokens)."""
+        return num_tokens >= in_features
+
+    def project_input(
+        self, hidden_states: torch.Tensor, query: nn.Linear, key: nn.Linear, token_mask: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``forward`` of q = ``query(hidden_states)`` and k = ``key(hidden_states)`` viewed as (B, H, T, D),
+        from the layer input (B, T, C) with ``hidden`` folded into ``query`` and ``key``."""
+        self._check_token_mask(token_mask, tuple(hidden_states.shape[:2]), True, f"an input {tuple(hidden_states.shape)}")
+        scalars = []
+        for linear in (query, key):
+            weight, bias = _after(linear, self.hidden.weight, self.hidden.bias)
+            scalars.append(self._scalars(hidden_states, functools.partial(nn.functional.linear, weight=weight, bias=bias),
+                                         token_mask))
+        return scalars[0], scalars[1]
 
     def extra_repr(self) -> str:
         return f"num_heads={self.num_heads}, head_dim={self.head_dim}, num_slices={self.num_slices}"

@@ -1,0 +1,220 @@
+"""Sliced ReLU layers of the BERT family attend from their input, the projection folded into the query
+and key layers: the same outputs and gradients as forming q and k, and the usual forward wherever the
+fold does not apply (peft-wrapped or hooked layers, observed layers, batches too small to gain)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import pytest
+import torch
+from peft import LoraConfig, get_peft_model
+from torch import nn
+from transformers import AutoModel, PreTrainedModel
+
+import hf_sliced_attn
+from hf_sliced_attn.attention import observe_attention
+from hf_sliced_attn.mechanisms.sliced_relu import SlicedMLPProjection, SlicedProjection
+from hf_sliced_attn.taps import attention_modules
+
+from tests.tiny_models import VOCAB, tiny_config
+
+PROJECTIONS = {"mlp": SlicedMLPProjection, "linear": SlicedProjection}
+BERT_FAMILY = ["bert", "roberta", "xlm-roberta"]
+BATCH, LENGTH = 3, 16  # 48 tokens: at least the hidden size (32), where the MLP projection folds
+
+
+def _mask(batch: int, length: int) -> torch.Tensor:
+    """(B, T) bool: the first row padded after 5 tokens, the last one fully padded."""
+    mask = torch.ones(batch, length, dtype=torch.bool)
+    mask[0, 5:] = False
+    mask[-1] = False
+    return mask
+
+
+@pytest.mark.parametrize("masked", [False, True], ids=["nomask", "mask"])
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+@pytest.mark.parametrize("projection_name", PROJECTIONS)
+def test_project_input_equals_projecting_q_and_k(projection_name, compiled, masked):
+    """``project_input(x, query, key)`` gives ``forward(query(x), key(x))``: the scalars, and the gradients
+    of x, of both Linear layers and of the projection."""
+    torch.manual_seed(0)
+    batch, length, width, heads, dim, slices = 3, 7, 10, 2, 4, 3
+    projection = PROJECTIONS[projection_name](heads, dim, slices)
+    projection.init_weights(0.5)
+    query, key = nn.Linear(width, heads * dim), nn.Linear(width, heads * dim)
+    x = torch.randn(batch, length, width)
+    mask = _mask(batch, length) if masked else None
+    weights = [torch.randn(batch, heads, slices, length) for _ in range(2)]
+    parameters = [*query.parameters(), *key.parameters(), *projection.parameters()]
+
+    def scalars_and_grads(project):
+        inputs = x.clone().requires_grad_()
+        scalars = project(inputs)
+        loss = sum((s * w).sum() for s, w in zip(scalars, weights))
+        return scalars, torch.autograd.grad(loss, [inputs, *parameters])
+
+    def heads_of(linear_output: torch.Tensor) -> torch.Tensor:
+        return linear_output.view(batch, length, heads, dim).transpose(1, 2)
+
+    project_input = projection.project_input
+    if compiled:
+        project_input = torch.compile(project_input, fullgraph=True, backend="aot_eager")
+    got, got_grads = scalars_and_grads(lambda inputs: project_input(inputs, query, key, mask))
+    want, want_grads = scalars_and_grads(lambda inputs: projection(heads_of(query(inputs)), heads_of(key(inputs)), mask))
+    for g, w in zip(got, want):
+        assert g.shape == (batch, heads, slices, length)
+        torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-6)
+    for g, w in zip(got_grads, want_grads):
+        torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("projection_name, in_features, folds_from",
+                         [("mlp", 384, 384), ("linear", 384, 48)])
+def test_the_fold_is_taken_where_it_costs_less(projection_name, in_features, folds_from):
+    """The MLP's fold costs as much as projecting ``in_features`` tokens; the linear one's (H*M wide) far less."""
+    projection = PROJECTIONS[projection_name](12, 32, 4)
+    assert projection.folds(folds_from, in_features)
+    assert not projection.folds(folds_from - 1, in_features)
+
+
+def build(model_type: str, projection: str, **overrides) -> PreTrainedModel:
+    torch.manual_seed(0)
+    config = hf_sliced_attn.prepare_config(tiny_config(model_type, **overrides), "sliced_relu", projection=projection,
+                                           num_slices=2, affine_output=True)
+    model = AutoModel.from_config(config).eval()
+    with torch.no_grad():  # the output affine away from its initial values, so that every piece shows
+        for module in attention_modules(model):
+            module.sliced_output.gain.uniform_(0.5, 2.0)
+            module.sliced_output.mean_weight.uniform_(-1.0, 1.0)
+    return model
+
+
+def batch(batch_size: int = BATCH, length: int = LENGTH) -> dict[str, torch.Tensor]:
+    input_ids = torch.randint(3, VOCAB, (batch_size, length), generator=torch.Generator().manual_seed(0))
+    attention_mask = torch.ones(batch_size, length, dtype=torch.long)
+    attention_mask[0, 9:] = 0
+    return {"input_ids": input_ids, "attention_mask": attention_mask}
+
+
+@contextmanager
+def linear_calls(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[nn.Linear]]:
+    """Records every ``nn.Linear`` that runs its forward within the block."""
+    calls: list[nn.Linear] = []
+    original = nn.Linear.forward
+
+    def forward(self, x):
+        calls.append(self)
+        return original(self, x)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(nn.Linear, "forward", forward)
+        yield calls
+
+
+def query_key_calls(model: nn.Module, calls: list[nn.Linear]) -> int:
+    """How many of ``calls`` were attention query or key layers (peft-wrapped ones through their base layer)."""
+    layers = {id(m.get_base_layer() if hasattr(m, "get_base_layer") else m)
+              for a in attention_modules(model) for m in (a.query, a.key)}
+    return sum(id(call) in layers for call in calls)
+
+
+def outputs_and_grads(model: nn.Module, inputs: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """The last hidden states at real tokens, and the gradients of the encoder's trainable parameters by name."""
+    hidden = model(**inputs).last_hidden_state
+    real = inputs["attention_mask"].bool()
+    weights = torch.randn(hidden.shape, generator=torch.Generator().manual_seed(1))
+    loss = (hidden * weights)[real].sum()
+    parameters = {name: p for name, p in model.named_parameters() if p.requires_grad and "pooler" not in name}
+    return hidden[real], dict(zip(parameters, torch.autograd.grad(loss, list(parameters.values()))))
+
+
+def assert_same(got: tuple, want: tuple) -> None:
+    """Outputs equal to float32 rounding; each gradient on the scale of its module's largest: some are 0 in
+    exact arithmetic and hold only rounding noise, up to ~2e-5 of the scale (the MLP projection's output bias
+    shifts s and t together)."""
+    torch.testing.assert_close(got[0], want[0], rtol=1e-5, atol=1e-5)
+    assert got[1].keys() == want[1].keys()
+    scale: dict[str, float] = {}
+    for name, grad in want[1].items():
+        owner = name.rsplit(".", 1)[0]
+        scale[owner] = max(scale.get(owner, 0.0), grad.abs().max().item())
+    for name, grad in got[1].items():
+        torch.testing.assert_close(grad, want[1][name], rtol=1e-4, atol=1e-4 * scale[name.rsplit(".", 1)[0]])
+
+
+@pytest.mark.parametrize("projection", PROJECTIONS)
+@pytest.mark.parametrize("model_type", BERT_FAMILY)
+def test_converted_layers_attend_from_their_input(model_type, projection, monkeypatch):
+    """No converted layer runs its query or key layer, and the outputs and gradients are those of
+    forming q and k (an observed forward forms them)."""
+    model, inputs = build(model_type, projection), batch()
+    with linear_calls(monkeypatch) as calls:
+        folded = outputs_and_grads(model, inputs)
+    assert query_key_calls(model, calls) == 0
+    with linear_calls(monkeypatch) as calls, observe_attention(lambda **_: None):
+        formed = outputs_and_grads(model, inputs)
+    assert query_key_calls(model, calls) == 2 * model.config.num_hidden_layers
+    assert_same(folded, formed)
+
+
+def test_layers_kept_on_softmax_form_q_and_k(monkeypatch):
+    torch.manual_seed(0)
+    config = hf_sliced_attn.prepare_config(tiny_config("bert"), "sliced_relu", projection="mlp", layers=[1])
+    model = AutoModel.from_config(config).eval()
+    with linear_calls(monkeypatch) as calls:
+        model(**batch())
+    formed = {id(m) for i, a in enumerate(attention_modules(model)) if i != 1 for m in (a.query, a.key)}
+    assert sum(id(call) in formed for call in calls) == 4
+    assert query_key_calls(model, calls) == 4
+
+
+def test_a_small_batch_forms_q_and_k_with_an_mlp_projection(monkeypatch):
+    """A batch of fewer tokens than the hidden size runs the query and key layers, with the same outputs
+    as a folded forward."""
+    model = build("bert", "mlp")
+    small = batch(1, 20)
+    with linear_calls(monkeypatch) as calls:
+        formed = outputs_and_grads(model, small)
+    assert query_key_calls(model, calls) == 2 * model.config.num_hidden_layers
+    for module in attention_modules(model):
+        module.sliced_projection.folds = lambda num_tokens, in_features: True
+    with linear_calls(monkeypatch) as calls:
+        folded = outputs_and_grads(model, small)
+    assert query_key_calls(model, calls) == 0
+    assert_same(folded, formed)
+
+
+def test_a_hook_on_the_query_layer_is_honoured():
+    """A forward hook on a query layer runs, and its change to q reaches the output."""
+    model, inputs = build("bert", "linear"), batch()
+    reference = model(**inputs).last_hidden_state
+    query = attention_modules(model)[0].query
+    handle = query.register_forward_hook(lambda module, args, output: output * 2.0)
+    try:
+        hooked = model(**inputs).last_hidden_state
+    finally:
+        handle.remove()
+    assert not torch.allclose(hooked, reference)
+    torch.testing.assert_close(model(**inputs).last_hidden_state, reference, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("projection", PROJECTIONS)
+def test_lora_wrapped_query_and_key_layers_are_run(projection, monkeypatch):
+    """peft wraps the query and key layers: their LoRA updates reach the output (the layers run as
+    peft wrote them), and merging gives the same model, whose folded forward gives the same outputs."""
+    model, inputs = build("bert", projection), batch()
+    lora = get_peft_model(model, LoraConfig(r=4, target_modules=hf_sliced_attn.lora_target_modules(model),
+                                            modules_to_save=hf_sliced_attn.modules_to_save(model), init_lora_weights=False))
+    with linear_calls(monkeypatch) as calls:
+        with torch.no_grad():
+            wrapped = lora(**inputs).last_hidden_state
+    assert query_key_calls(lora, calls) == 2 * model.config.num_hidden_layers
+    merged = lora.merge_and_unload()
+    with linear_calls(monkeypatch) as calls:
+        with torch.no_grad():
+            folded = merged(**inputs).last_hidden_state
+    assert query_key_calls(merged, calls) == 0
+    real = inputs["attention_mask"].bool()
+    torch.testing.assert_close(folded[real], wrapped[real], rtol=1e-5, atol=1e-5)
