@@ -28,9 +28,7 @@ printed and written to ``<output>/attention_layer.md`` and ``attention_layer.jso
 
 from __future__ import annotations
 
-import argparse
 import json
-import os
 import statistics
 import sys
 import time
@@ -40,15 +38,13 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
 import torch  # noqa: E402
-import transformers  # noqa: E402
 
 from benchmarks._report import environment  # noqa: E402
-from benchmarks.bench_training_step import build_model, make_batch, parse_shapes  # noqa: E402
+from benchmarks.bench_training_step import build_model, make_batch, parse_arguments, parse_shapes  # noqa: E402
 from hf_sliced_attn.attention import observe_attention  # noqa: E402
 from hf_sliced_attn.ops import sliced_relu, value_mean  # noqa: E402
 from hf_sliced_attn.taps import attention_modules  # noqa: E402
 
-RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
 CONTENDERS = ("sliced_relu", "sliced_relu_converted")
 
 
@@ -166,15 +162,7 @@ def report(header: dict, records: list[dict]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--shapes", default="32x128,8x512", help="comma-separated BxT (default 32x128,8x512)")
-    parser.add_argument("--repeats", type=int, default=15, help="timed runs per piece (default 15)")
-    parser.add_argument("--threads", type=int, default=os.cpu_count(), help="torch threads (default: all cores)")
-    parser.add_argument("--output", type=Path, default=RESULTS, help="results directory (default benchmarks/results)")
-    args = parser.parse_args(argv)
-    torch.set_num_threads(args.threads)
-    transformers.logging.set_verbosity_error()
-    transformers.logging.disable_progress_bar()
+    args = parse_arguments(__doc__.split("\n\n")[0], argv, ("repeats", 15, "timed runs per piece"))
     header = {**environment("bench_attention_layer.py", argv), "repeats": args.repeats}
     records = measure(parse_shapes(args.shapes), args.repeats)
     markdown = report(header, records)

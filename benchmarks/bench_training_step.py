@@ -204,16 +204,24 @@ def report(header: dict[str, Any], times: dict[str, dict[str, float]], shapes: l
     return "\n".join(lines) + "\n", records
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def parse_arguments(description: str, argv: list[str] | None, count: tuple[str, int, str]) -> argparse.Namespace:
+    """``--shapes``, ``--threads``, ``--output`` and the ``count`` flag (name, default, help) of this
+    script and ``bench_attention_layer.py``; sets torch's threads and quiets transformers' logging."""
+    parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--shapes", default="32x128,8x512", help="comma-separated BxT (default 32x128,8x512)")
-    parser.add_argument("--steps", type=int, default=5, help="timed steps per contender and shape (default 5)")
+    name, default, help_text = count
+    parser.add_argument(f"--{name}", type=int, default=default, help=f"{help_text} (default {default})")
     parser.add_argument("--threads", type=int, default=os.cpu_count(), help="torch threads (default: all cores)")
     parser.add_argument("--output", type=Path, default=RESULTS, help="results directory (default benchmarks/results)")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     transformers.logging.set_verbosity_error()  # "newly initialized" warnings: the head is new by design
     transformers.logging.disable_progress_bar()
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_arguments(__doc__.split("\n\n")[0], argv, ("steps", 5, "timed steps per contender and shape"))
     shapes = parse_shapes(args.shapes)
     header = {**environment("bench_training_step.py", argv), "checkpoint": str(checkpoint()), "steps": args.steps,
               "load_start": os.getloadavg()[0]}
