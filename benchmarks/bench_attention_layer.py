@@ -43,7 +43,7 @@ from benchmarks._report import environment  # noqa: E402
 from benchmarks.bench_training_step import build_model, make_batch, parse_arguments, parse_shapes  # noqa: E402
 from hf_sliced_attn.attention import observe_attention  # noqa: E402
 from hf_sliced_attn.ops import sliced_relu, value_mean  # noqa: E402
-from hf_sliced_attn.taps import attention_modules  # noqa: E402
+from hf_sliced_attn.conversion.attention_taps import attention_modules  # noqa: E402
 
 CONTENDERS = ("sliced_relu", "sliced_relu_converted")
 

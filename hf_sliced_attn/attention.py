@@ -13,7 +13,7 @@ without the plugin's modules, and gets an error rather than any other attention.
 
 Attention-probability dropout has no counterpart: these mechanisms never form the
 attention matrix, so ``dropout`` is not applied (the residual dropouts still are).
-No attention weights are returned; :mod:`hf_sliced_attn.analysis` measures ReLA's.
+No attention weights are returned; :mod:`hf_sliced_attn.mechanisms.rela.analysis` measures ReLA's.
 """
 
 from __future__ import annotations

@@ -18,12 +18,12 @@ from typing import Any
 
 from accelerate import PartialState
 
-from .analysis_cli import add_analyze_parser
+from .analyze_cli import add_analyze_parser
 from .arguments import add_mechanism_arguments, mechanism_options
 from .convert import TRANSFER_DEFAULTS, ConvertOptions, convert
 from .hub import PushError, push
 from .mechanisms import MECHANISMS
-from .transfer import STAGE2_LOSSES
+from .conversion.transfer import STAGE2_LOSSES
 
 EXIT_ERROR = 1
 EXIT_INTERRUPTED = 130

@@ -31,19 +31,19 @@ from accelerate.utils import set_seed
 from peft import PeftModel
 from transformers import AutoModel, AutoTokenizer, PretrainedConfig, PreTrainedModel, PreTrainedTokenizerBase
 
-from .artifacts import CHECKPOINT_DIR, REFERENCE_TEXTS, REPORT_NAME, save_converted
-from .cards import base_model_license, render_conversion_card
+from .conversion.converted_folder import CHECKPOINT_DIR, REFERENCE_TEXTS, REPORT_NAME, save_converted
+from .conversion.cards import base_model_license, render_conversion_card
 from .distributed import cpu_process_group_kwargs
-from .embedding_models import copy_sentence_transformers_files, sentence_transformers_folder
-from .fidelity import measure_fidelity
-from .hybrid import worst_layers
+from .conversion.sentence_transformers_files import copy_sentence_transformers_files, sentence_transformers_folder
+from .conversion.fidelity import measure_fidelity
+from .conversion.hybrid import worst_layers
 from .integration import prepare_config
 from .mechanisms import CONFIG_KEY, MECHANISMS
 from .models import spec_for
-from .sources import hub_id_of, load_model_config, source_name
-from .taps import converted_layers
-from .text import Batches, load_texts, split_heldout, tokenize
-from .transfer import TransferSchedule, latest_checkpoint, transfer_attention, with_transfer_lora
+from .conversion.model_sources import hub_id_of, load_model_config, source_name
+from .conversion.attention_taps import converted_layers
+from .conversion.training_text import Batches, load_texts, split_heldout, tokenize
+from .conversion.transfer import TransferSchedule, latest_checkpoint, transfer_attention, with_transfer_lora
 
 if TYPE_CHECKING:
     from sentence_transformers import SentenceTransformer
@@ -99,7 +99,7 @@ class ConvertOptions:
     overwrite: bool = False
     resume: bool = False
     base_model_id: str | None = None
-    """The Hub id to name in the model card; None: found from the checkpoint (:func:`~hf_sliced_attn.sources.hub_id_of`)."""
+    """The Hub id to name in the model card; None: found from the checkpoint (:func:`~hf_sliced_attn.conversion.model_sources.hub_id_of`)."""
 
     def __post_init__(self) -> None:
         mechanism = MECHANISMS.get_mechanism(self.mechanism)

@@ -8,17 +8,17 @@ recorded at conversion time, then uploads it in one commit (``create_repo`` +
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Callable
 from pathlib import Path
 
 import torch
-from huggingface_hub import CommitOperationAdd, HfApi, ModelCard, constants, get_token
+from huggingface_hub import CommitOperationAdd, HfApi, ModelCard, get_token
 from huggingface_hub.errors import HfHubHTTPError, OfflineModeIsEnabled
 from transformers import AutoTokenizer
 
-from .artifacts import CHECKPOINT_DIR, REPORT_NAME, check_reference, load_converted
-from .cards import render_conversion_card
+from .conversion.converted_folder import CHECKPOINT_DIR, REPORT_NAME, check_reference, load_converted
+from .conversion.cards import render_conversion_card
+from .conversion.model_sources import hub_offline
 from .mechanisms import CONFIG_KEY
 
 
@@ -75,11 +75,6 @@ def publish_card(folder: str | Path, repo_id: str) -> str:
     if not (folder / "README.md").exists():
         raise PushError(f"{folder} has no README.md model card.")
     return (folder / "README.md").read_text(encoding="utf-8")
-
-
-def hub_offline() -> bool:
-    """Whether huggingface_hub is in offline mode (``HF_HUB_OFFLINE``)."""
-    return bool(constants.HF_HUB_OFFLINE) or os.environ.get("HF_HUB_OFFLINE", "").upper() in {"1", "ON", "YES", "TRUE"}
 
 
 def push(folder: str | Path, repo_id: str, *, private: bool = False, revision: str | None = None,

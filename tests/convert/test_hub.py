@@ -13,7 +13,7 @@ from huggingface_hub import ModelCard
 from safetensors.torch import load_file, save_file
 
 from hf_sliced_attn.cli import main
-from hf_sliced_attn.cards import render_conversion_card, render_glue_card
+from hf_sliced_attn.conversion.cards import render_conversion_card, render_glue_card
 from hf_sliced_attn.hub import PushError, push, upload_plan
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from hf_sliced_attn.sources import hub_id_of, source_name
+from hf_sliced_attn.conversion.model_sources import hub_id_of, source_name
 
 
 def test_a_hub_id_is_itself_and_a_missing_path_is_none():

@@ -1,4 +1,4 @@
-"""hf_sliced_attn.hybrid: choosing the layers to keep on softmax, and returning layers to softmax in place."""
+"""hf_sliced_attn.conversion.hybrid: choosing the layers to keep on softmax, and returning layers to softmax in place."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import torch
 from transformers import AutoModel
 
 import hf_sliced_attn
-from hf_sliced_attn.hybrid import restore_softmax_layers, worst_layers
-from hf_sliced_attn.taps import attention_modules, converted_layers
+from hf_sliced_attn.conversion.hybrid import restore_softmax_layers, worst_layers
+from hf_sliced_attn.conversion.attention_taps import attention_modules, converted_layers
 from tests.tiny_models import tiny_config
 
 

@@ -16,7 +16,7 @@ from transformers import AutoModel, PreTrainedModel
 import hf_sliced_attn
 from hf_sliced_attn.attention import observe_attention
 from hf_sliced_attn.mechanisms.sliced_relu import SlicedMLPProjection, SlicedProjection
-from hf_sliced_attn.taps import attention_modules
+from hf_sliced_attn.conversion.attention_taps import attention_modules
 
 from tests.tiny_models import VOCAB, tiny_config
 

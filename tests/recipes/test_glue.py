@@ -31,7 +31,7 @@ from hf_sliced_attn.mechanisms import Paper
 
 REPO = Path(__file__).resolve().parents[2]
 RECIPE = REPO / "recipes" / "glue.py"
-SAMPLE = REPO / "hf_sliced_attn" / "data" / "glue_sample"
+SAMPLE = REPO / "recipes" / "data" / "glue_sample"
 MECHANISMS = list(hf_sliced_attn.MECHANISMS)
 TASKS = ["cola", "sst2", "mrpc", "stsb", "qqp", "mnli", "qnli", "rte", "wnli"]
 

@@ -38,7 +38,7 @@ Returns:
     cola: {"matthews_correlation"}; stsb: {"pearson", "spearmanr"};
     mrpc, qqp: {"accuracy", "f1"}; every other task: {"accuracy"}.
 Examples:
-    >>> metric = evaluate.load("hf_sliced_attn/metrics/glue", "mrpc")
+    >>> metric = evaluate.load("recipes/metrics/glue", "mrpc")
     >>> metric.compute(predictions=[0, 1, 1], references=[0, 1, 0])
     {'accuracy': 0.6666666666666666, 'f1': 0.6666666666666666}
 """

@@ -43,10 +43,11 @@ from typing import Any
 import torch
 from torch import nn
 
-from .attention import observe_attention
-from .integration import mechanism_config_of
-from .mechanisms import CONFIG_KEY, RELA
-from .ops._common import band_mask, key_range
+from ...attention import observe_attention
+from ...integration import mechanism_config_of
+from ..base import CONFIG_KEY
+from . import RELA
+from ...ops._common import band_mask, key_range
 
 __all__ = ["RelaAnalysis", "analyze_rela", "check_rela_config"]
 

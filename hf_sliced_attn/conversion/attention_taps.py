@@ -9,8 +9,8 @@ from contextlib import contextmanager
 import torch
 from torch import nn
 
-from .attention import LAYER_MODE_ATTR, SOFTMAX
-from .models import spec_for
+from ..attention import LAYER_MODE_ATTR, SOFTMAX
+from ..models import spec_for
 
 
 def attention_modules(model: nn.Module) -> list[nn.Module]:

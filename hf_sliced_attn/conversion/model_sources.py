@@ -4,15 +4,21 @@ neither, and names to record that are never local paths."""
 from __future__ import annotations
 
 import json
+import os
 import re
 from collections import Counter
 from pathlib import Path
 
+from huggingface_hub import constants
 from huggingface_hub.errors import HFValidationError
 from huggingface_hub.utils import validate_repo_id
 from transformers import AutoConfig, PretrainedConfig
 
-from .hub import hub_offline
+
+
+def hub_offline() -> bool:
+    """Whether huggingface_hub is in offline mode (``HF_HUB_OFFLINE``)."""
+    return bool(constants.HF_HUB_OFFLINE) or os.environ.get("HF_HUB_OFFLINE", "").upper() in {"1", "ON", "YES", "TRUE"}
 
 
 class ModelNotFoundError(ValueError):

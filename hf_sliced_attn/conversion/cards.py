@@ -17,7 +17,7 @@ from typing import Any
 
 from huggingface_hub import EvalResult, ModelCard, ModelCardData
 
-from .mechanisms import MECHANISMS
+from ..mechanisms import MECHANISMS
 
 TEMPLATES = files("hf_sliced_attn") / "model_cards"
 PLUGIN_TAG = "hf-sliced-attn"

@@ -43,8 +43,8 @@ from torch import nn
 from tqdm.auto import tqdm
 from transformers import PreTrainedModel
 
-from .integration import lora_target_modules, modules_to_save
-from .taps import converted_layers, masked_cosine_distance, masked_mse, tap_attention
+from ..integration import lora_target_modules, modules_to_save
+from .attention_taps import converted_layers, masked_cosine_distance, masked_mse, tap_attention
 
 logger = logging.getLogger(__name__)
 

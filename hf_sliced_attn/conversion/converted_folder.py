@@ -15,7 +15,7 @@ from torch import nn
 from transformers import AutoConfig, AutoModel, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from .fidelity import embed
-from .mechanisms import CONFIG_KEY, MECHANISMS
+from ..mechanisms import CONFIG_KEY, MECHANISMS
 
 REPORT_NAME = "fidelity.json"
 """The fidelity report in a converted folder (also the reference outputs that ``push`` checks)."""

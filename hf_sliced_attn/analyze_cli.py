@@ -1,4 +1,4 @@
-"""``hf-sliced-attn analyze``: the ReLA sparsity analysis (:mod:`hf_sliced_attn.analysis`) from the shell.
+"""``hf-sliced-attn analyze``: the ReLA sparsity analysis (:mod:`hf_sliced_attn.mechanisms.rela.analysis`) from the shell.
 
     hf-sliced-attn analyze MODEL --text FILE [--output DIR] [--max-length N] [--batch-size B]
 
@@ -14,7 +14,7 @@ from pathlib import Path
 
 from transformers import AutoConfig, AutoModel, AutoTokenizer
 
-from .analysis import analyze_rela, check_rela_config
+from .mechanisms.rela.analysis import analyze_rela, check_rela_config
 
 JSON_NAME = "analysis.json"
 HEATMAP_NAME = "heatmap.png"

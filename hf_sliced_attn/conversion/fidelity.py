@@ -10,8 +10,8 @@ from scipy.stats import spearmanr
 from torch import nn
 from transformers import PreTrainedTokenizerBase
 
-from .taps import mean_pool, tap_attention, token_mask
-from .text import tokenize
+from .attention_taps import mean_pool, tap_attention, token_mask
+from .training_text import tokenize
 
 
 @torch.no_grad()

@@ -2,7 +2,7 @@
 
 After attention transfer, each converted layer ``l`` has a relative attention error
 e_l = ‖a_l − â_l‖ / ‖â_l‖ against its softmax teacher (fed the teacher's inputs; see
-:func:`hf_sliced_attn.fidelity.measure_fidelity`). Keeping the ``k`` layers of largest e_l on
+:func:`hf_sliced_attn.conversion.fidelity.measure_fidelity`). Keeping the ``k`` layers of largest e_l on
 softmax closes most of the accuracy gap at the cost of ``k`` quadratic layers.
 :func:`worst_layers` chooses them (``hf-sliced-attn convert --keep-softmax-layers`` and the GLUE
 recipe's ``--keep_softmax_layers`` both call it); :func:`restore_softmax_layers` turns chosen
@@ -16,14 +16,14 @@ from collections.abc import Mapping, Sequence
 
 from torch import nn
 
-from .attention import LAYER_MODE_ATTR, SOFTMAX
-from .mechanisms import CONFIG_KEY, MECHANISMS
-from .taps import attention_modules, converted_layers
+from ..attention import LAYER_MODE_ATTR, SOFTMAX
+from ..mechanisms import CONFIG_KEY, MECHANISMS
+from .attention_taps import attention_modules, converted_layers
 
 
 def worst_layers(errors: Mapping[str, float], count: int) -> list[int]:
     """The ``count`` layers of largest attention error (``errors``: layer index as a string -> error,
-    as :func:`~hf_sliced_attn.fidelity.measure_fidelity` reports it), sorted by index.
+    as :func:`~hf_sliced_attn.conversion.fidelity.measure_fidelity` reports it), sorted by index.
 
     Raises ValueError when ``count`` would leave no converted layer, or is negative."""
     if count < 0:
