@@ -1,20 +1,23 @@
-"""Command-line flags generated from the mechanisms' option dataclasses.
+"""Command-line flags generated from dataclasses: the mechanisms' options and the transfer settings.
 
 ``hf-sliced-attn convert`` and ``recipes/glue.py`` offer every option of every registered
-mechanism (:data:`hf_sliced_attn.MECHANISMS`) as a flag, with the field's help text: a new
-option, or a new mechanism, needs no new argparse code. Flags default to "not given"
-(None), so that what the user did not say is left to the checkpoint's saved options or the
-mechanism's defaults.
+mechanism (:data:`hf_sliced_attn.MECHANISMS`) and every field of
+:class:`~hf_sliced_attn.conversion.settings.TransferConfig` as a flag, with the field's help
+text: a new option, setting or mechanism needs no new argparse code. Flags default to "not
+given" (None), so that what the user did not say is left to the checkpoint's saved options or
+the mechanism's measured defaults, which ``--help`` shows per mechanism.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import re
 import typing
 from collections.abc import Callable
 from typing import Any
 
+from .conversion.settings import Purpose, TransferConfig, mechanism_transfer_defaults
 from .mechanisms import MECHANISMS
 
 
@@ -75,3 +78,44 @@ def mechanism_options(args: argparse.Namespace, mechanism: str | None, *, dashes
                               for name, owners in foreign.items())
         raise ValueError(f"{described}, not to {mechanism or 'softmax attention'}.")
     return given
+
+
+def _transfer_dest(name: str, prefix: str) -> str:
+    """The argparse destination of the flag of transfer setting ``name`` (fields marked ``unprefixed`` keep theirs)."""
+    return name if TransferConfig.__dataclass_fields__[name].metadata.get("unprefixed", False) else prefix + name
+
+
+def add_transfer_arguments(parser: argparse.ArgumentParser | argparse._ArgumentGroup, *, dashes: bool,
+                           purpose: Purpose, prefix: str = "", exclude: tuple[str, ...] = ()) -> None:
+    """Add one flag per :class:`TransferConfig` field but ``exclude``: ``--lora-r``, or the recipe's
+    ``--attention_transfer_lora_r`` with ``prefix="attention_transfer_"`` (fields marked ``unprefixed``,
+    ``--keep_softmax_layers``, keep their name). Each flag's help ends with every mechanism's default for
+    ``purpose``."""
+    hints = typing.get_type_hints(TransferConfig)
+    for setting in dataclasses.fields(TransferConfig):
+        if setting.name in exclude:
+            continue
+        values = {name: mechanism_transfer_defaults(name, purpose)[setting.name] for name in MECHANISMS}
+        defaults = ", ".join(f"{name} {value}" for name, value in values.items())
+        shown = f" (default: {defaults})" if any(value is not None for value in values.values()) else ""
+        kind = next(t for t in typing.get_args(hints[setting.name]) or (hints[setting.name],) if t is not type(None))
+        dest = _transfer_dest(setting.name, prefix)
+        parser.add_argument(flag_name(dest, dashes), dest=dest, type=kind, default=None,
+                            choices=setting.metadata.get("choices"),
+                            help=(setting.metadata["help"] + shown).replace("%", "%%"))
+
+
+def transfer_settings(args: argparse.Namespace, *, prefix: str = "", exclude: tuple[str, ...] = ()) -> dict[str, Any]:
+    """The transfer settings given on the command line by :func:`add_transfer_arguments`' flags (those left
+    out are not in the result)."""
+    given = {f.name: getattr(args, _transfer_dest(f.name, prefix), None) for f in dataclasses.fields(TransferConfig)
+             if f.name not in exclude}
+    return {name: value for name, value in given.items() if value is not None}
+
+
+def in_flag_terms(message: str, *, dashes: bool, prefix: str = "") -> str:
+    """``message`` (an error of :mod:`hf_sliced_attn.conversion.settings`) with each transfer setting named by
+    its flag (``steps`` -> ``--attention_transfer_steps``), so that the user reads the words they typed."""
+    names = sorted((f.name for f in dataclasses.fields(TransferConfig)), key=len, reverse=True)
+    pattern = re.compile(r"(?<![\w-])(" + "|".join(names) + r")\b")
+    return pattern.sub(lambda m: flag_name(_transfer_dest(m.group(1), prefix), dashes), message)

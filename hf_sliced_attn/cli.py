@@ -14,26 +14,18 @@ import argparse
 import logging
 import sys
 from collections.abc import Sequence
-from typing import Any
 
 from accelerate import PartialState
 
 from .analyze_cli import add_analyze_parser
-from .arguments import add_mechanism_arguments, mechanism_options
-from .convert import TRANSFER_DEFAULTS, ConvertOptions, convert
+from .arguments import (add_mechanism_arguments, add_transfer_arguments, in_flag_terms, mechanism_options,
+                        transfer_settings)
+from .convert import ConvertOptions, convert
 from .hub import PushError, push
 from .mechanisms import MECHANISMS
-from .conversion.transfer import STAGE2_LOSSES
 
 EXIT_ERROR = 1
 EXIT_INTERRUPTED = 130
-
-
-def _default_text(name: str, default: Any) -> str:
-    """A convert flag's default as --help shows it: the value, or each mechanism's measured best."""
-    if default is not None:
-        return str(default)
-    return ", ".join(f"{m.name}: {m.transfer_defaults.get(name, TRANSFER_DEFAULTS[name])}" for m in MECHANISMS.values())
 
 
 def add_convert_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -48,38 +40,24 @@ def add_convert_parser(subparsers: argparse._SubParsersAction) -> argparse.Argum
     add_mechanism_arguments(parser.add_argument_group(
         "mechanism options", f"Saved in config.json. Conversions use these unless told otherwise: {defaults}."
     ), dashes=True)
+    add_transfer_arguments(parser.add_argument_group(
+        "attention transfer", "Defaults: each mechanism's measured best for conversions."), dashes=True, purpose="convert")
     parser.add_argument("--text", nargs="+", required=True,
                         help="training text: text files (one passage per line), saved datasets or dataset names")
     parser.add_argument("--heldout-text", nargs="+",
                         help="held-out text for the fidelity report (default: split a part off --text)")
     parser.add_argument("--text-column", default=d["text_column"].default, help="dataset text column (default: text)")
     parser.add_argument("--text-split", default=d["text_split"].default, help="dataset split (default: train)")
+    parser.add_argument("--heldout-fraction", type=float, default=d["heldout_fraction"].default,
+                        help="fraction split off --text when no --heldout-text is given (default: %(default)s)")
+    parser.add_argument("--max-length", type=int, default=d["max_length"].default,
+                        help="tokens per passage (default: %(default)s)")
+    parser.add_argument("--seed", type=int, default=d["seed"].default, help="random seed (default: %(default)s)")
     parser.add_argument("--output", required=True, help="output folder")
     parser.add_argument("--overwrite", action="store_true", help="replace an existing output folder")
     parser.add_argument("--resume", action="store_true", help="continue an interrupted conversion in --output")
     parser.add_argument("--adapter-only", action="store_true", help="save a peft adapter instead of merged weights")
     parser.add_argument("--base-model-id", help="the Hub id to name in the model card when --model is a local folder")
-    for name, kind, help_ in [
-        ("steps", int, "stage 1 (attention transfer) steps"),
-        ("stage2_steps", int, "stage 2 (final hidden state distillation) steps; 0 skips it"),
-        ("lr", float, "stage 1 learning rate"),
-        ("stage2_lr", float, "stage 2 learning rate"),
-        ("warmup_steps", int, "warmup steps of each stage"),
-        ("lora_r", int, "LoRA rank"),
-        ("lora_alpha", int, "LoRA alpha"),
-        ("keep_softmax_layers", int, "after a probe transfer, keep softmax on this many of the layers that "
-                                     "transfer worst (0: convert every selected layer)"),
-        ("batch_size", int, "passages per step and process"),
-        ("max_length", int, "tokens per passage"),
-        ("checkpoint_every", int, "save a resumable checkpoint every N steps"),
-        ("seed", int, "random seed"),
-        ("heldout_fraction", float, "fraction split off --text when no --heldout-text is given"),
-    ]:
-        default = d[name].default
-        parser.add_argument(f"--{name.replace('_', '-')}", type=kind, default=default,
-                            help=f"{help_} (default: {_default_text(name, default)})")
-    parser.add_argument("--stage2-loss", choices=STAGE2_LOSSES, default=None,
-                        help=f"stage 2 loss (default: {_default_text('stage2_loss', None)})")
     parser.set_defaults(func=run_convert)
     return parser
 
@@ -87,15 +65,15 @@ def add_convert_parser(subparsers: argparse._SubParsersAction) -> argparse.Argum
 def run_convert(args: argparse.Namespace) -> int:
     options = ConvertOptions(
         model=args.model, mechanism=args.attn, output_dir=args.output, text=args.text, heldout_text=args.heldout_text,
-        mechanism_options=mechanism_options(args, args.attn, dashes=True), text_column=args.text_column,
-        text_split=args.text_split, heldout_fraction=args.heldout_fraction, steps=args.steps,
-        stage2_steps=args.stage2_steps, stage2_loss=args.stage2_loss, lr=args.lr, stage2_lr=args.stage2_lr,
-        warmup_steps=args.warmup_steps, lora_r=args.lora_r, lora_alpha=args.lora_alpha,
-        keep_softmax_layers=args.keep_softmax_layers, batch_size=args.batch_size, max_length=args.max_length,
-        checkpoint_every=args.checkpoint_every, seed=args.seed, adapter_only=args.adapter_only,
-        overwrite=args.overwrite, resume=args.resume, base_model_id=args.base_model_id,
+        mechanism_options=mechanism_options(args, args.attn, dashes=True), transfer=transfer_settings(args),
+        text_column=args.text_column, text_split=args.text_split, heldout_fraction=args.heldout_fraction,
+        max_length=args.max_length, seed=args.seed, adapter_only=args.adapter_only, overwrite=args.overwrite,
+        resume=args.resume, base_model_id=args.base_model_id,
     )
-    result = convert(options)
+    try:
+        result = convert(options)
+    except ValueError as error:
+        raise ValueError(in_flag_terms(str(error), dashes=True)) from None
     if not PartialState().is_main_process:  # under `accelerate launch`, one process reports
         return 0
     for note in result.notes:

@@ -1,60 +1,52 @@
 """``hf-sliced-attn convert``: a softmax encoder checkpoint to ``sliced_relu`` or ``rela``, by attention transfer.
 
-The steps, each in its own module: training text and the held-out split (:mod:`.text`), the
-student built with the new attention and LoRA on the attention projections (here), the
-transfer itself (:mod:`.transfer`), the fidelity report on held-out text (:mod:`.fidelity`),
-and the converted folder with its card (:mod:`.artifacts`, :mod:`.cards`).
+The steps, each a call into :mod:`hf_sliced_attn.conversion`: the training text and its held-out
+split, the teacher and the student (the checkpoint with the new attention and LoRA on its
+attention projections), :func:`~hf_sliced_attn.conversion.pipeline.transfer_and_select` (the
+transfer and the choice of softmax layers, shared with the GLUE recipe), the fidelity report on
+held-out text, and the converted folder with its card.
 
-Training runs through :class:`accelerate.Accelerator` (CPU, one GPU or ``accelerate
-launch`` with several processes). The batch of step ``s`` is a function of the seed and
-``s`` alone, and the transfer's checkpoints keep the model, optimizer, scheduler and RNG
-states, so an interrupted run resumed from its last checkpoint ends in the same state as an
-uninterrupted one. Ctrl-C saves a checkpoint before leaving.
+Training runs through :class:`accelerate.Accelerator` (CPU, one GPU or ``accelerate launch``
+with several processes). The batch of step ``s`` is a function of the seed and ``s`` alone, and
+the transfer's checkpoints keep the model, optimizer, scheduler and RNG states, so an
+interrupted run resumed from its last checkpoint ends in the same state as an uninterrupted
+one. Ctrl-C saves a checkpoint before leaving.
 """
 
 from __future__ import annotations
 
 import copy
-import dataclasses
-import hashlib
 import json
 import shutil
 import tempfile
-import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from accelerate import Accelerator, DistributedDataParallelKwargs
+from accelerate import Accelerator
 from accelerate.utils import set_seed
 from peft import PeftModel
-from transformers import AutoModel, AutoTokenizer, PretrainedConfig, PreTrainedModel, PreTrainedTokenizerBase
+from transformers import AutoModel, AutoTokenizer, PretrainedConfig, PreTrainedModel
 
-from .conversion.converted_folder import CHECKPOINT_DIR, REFERENCE_TEXTS, REPORT_NAME, save_converted
 from .conversion.cards import base_model_license, render_conversion_card
-from .distributed import cpu_process_group_kwargs
-from .conversion.sentence_transformers_files import copy_sentence_transformers_files, sentence_transformers_folder
+from .conversion.converted_folder import CHECKPOINT_DIR, REFERENCE_TEXTS, REPORT_NAME, save_converted
 from .conversion.fidelity import measure_fidelity
-from .conversion.hybrid import worst_layers
-from .integration import prepare_config
-from .mechanisms import CONFIG_KEY, MECHANISMS
-from .models import spec_for
 from .conversion.model_sources import hub_id_of, load_model_config, source_name
-from .conversion.attention_taps import converted_layers
+from .conversion.pipeline import TransferRecord, transfer_and_select
+from .conversion.sentence_transformers_files import copy_sentence_transformers_files, sentence_transformers_folder
+from .conversion.settings import TransferConfig, resolve_transfer_config
 from .conversion.training_text import Batches, load_texts, split_heldout, tokenize
-from .conversion.transfer import TransferSchedule, latest_checkpoint, transfer_attention, with_transfer_lora
+from .conversion.transfer import build_teacher, latest_checkpoint, with_transfer_lora
+from .distributed import cpu_process_group_kwargs
+from .integration import converted_layer_indices, prepare_config
+from .mechanisms import CONFIG_KEY, MECHANISMS
 
 if TYPE_CHECKING:
     from sentence_transformers import SentenceTransformer
 
-TRANSFER_DEFAULTS: dict[str, Any] = {
-    "steps": 300, "stage2_steps": 0, "stage2_loss": "mse", "lr": 1e-3, "stage2_lr": 1e-4, "lora_r": 8,
-    "lora_alpha": 16, "keep_softmax_layers": 0,
-}
-"""The transfer settings of a mechanism that declares none (:attr:`Mechanism.transfer_defaults`)."""
-PROBE_TEXTS = 64
-"""Training passages on which the probe transfer ranks the layers (``keep_softmax_layers``)."""
+BATCH_SIZE = 8
+"""Passages per transfer step and process when the transfer settings name no ``batch_size``."""
 
 
 @dataclass
@@ -73,27 +65,13 @@ class ConvertOptions:
     mechanism_options: dict[str, Any] = field(default_factory=dict)
     """Options of the mechanism's config (``layers``, ``num_slices``, ...); those not given take the
     mechanism's ``conversion_defaults``, then its config's defaults."""
+    transfer: Mapping[str, Any] = field(default_factory=dict)
+    """Transfer settings (fields of :class:`~hf_sliced_attn.conversion.settings.TransferConfig`: ``steps``,
+    ``lora_r``, ``keep_softmax_layers``, ...); those not given take the mechanism's measured best."""
     text_column: str = "text"
     text_split: str = "train"
     heldout_fraction: float = 0.1
-    # None below: the mechanism's measured best (Mechanism.transfer_defaults), else TRANSFER_DEFAULTS.
-    steps: int | None = None
-    """Stage 1 optimizer steps."""
-    stage2_steps: int | None = None
-    stage2_loss: str | None = None
-    lr: float | None = None
-    stage2_lr: float | None = None
-    lora_r: int | None = None
-    lora_alpha: int | None = None
-    keep_softmax_layers: int | None = None
-    """After a probe transfer (stage 1 on all layers), keep softmax attention on this many of the
-    layers whose attention error stays worst, and convert the others (0: convert every layer that
-    ``layers`` selects). The chosen layers are saved in config.json as an explicit ``layers`` list."""
-    warmup_steps: int = 10
-    batch_size: int = 8
-    """Per process."""
     max_length: int = 128
-    checkpoint_every: int = 100
     seed: int = 0
     adapter_only: bool = False
     overwrite: bool = False
@@ -102,27 +80,12 @@ class ConvertOptions:
     """The Hub id to name in the model card; None: found from the checkpoint (:func:`~hf_sliced_attn.conversion.model_sources.hub_id_of`)."""
 
     def __post_init__(self) -> None:
-        mechanism = MECHANISMS.get_mechanism(self.mechanism)
-        for name, default in TRANSFER_DEFAULTS.items():
-            if getattr(self, name) is None:
-                setattr(self, name, mechanism.transfer_defaults.get(name, default))
+        MECHANISMS.get_mechanism(self.mechanism)
         self.resolved_options()  # a bad option fails here, saying what is valid
-        if self.keep_softmax_layers < 0:
-            raise ValueError(f"keep_softmax_layers must be >= 0, got {self.keep_softmax_layers}.")
-        if self.keep_softmax_layers and isinstance(self.mechanism_options.get("layers"), list):
-            raise ValueError("keep_softmax_layers chooses the layers itself: give it or a list of layers, not both "
-                             "(--keep-softmax-layers 0 keeps the given list).")
-        self.transfer_schedule()  # and so do bad step counts or an unknown stage-2 loss
-        for name in ("batch_size", "max_length", "lora_r"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}.")
+        if self.max_length < 1:
+            raise ValueError(f"max_length must be >= 1, got {self.max_length}.")
         if not 0.0 < self.heldout_fraction < 1.0:
             raise ValueError(f"heldout_fraction must be in (0, 1), got {self.heldout_fraction}.")
-
-    def transfer_schedule(self) -> TransferSchedule:
-        return TransferSchedule(steps=self.steps, stage2_steps=self.stage2_steps, lr=self.lr,
-                                stage2_lr=self.stage2_lr, warmup_steps=self.warmup_steps,
-                                stage2_loss=self.stage2_loss, checkpoint_every=self.checkpoint_every)
 
     def resolved_options(self) -> dict[str, Any]:
         """The options handed to :func:`hf_sliced_attn.prepare_config`: the given ones over the
@@ -132,11 +95,25 @@ class ConvertOptions:
         mechanism.make_config(**options)
         return options
 
-    def fingerprint(self) -> str:
-        """A hash of the options that determine the training trajectory (resuming checks it)."""
-        excluded = {"output_dir", "overwrite", "resume", "checkpoint_every", "base_model_id"}
-        relevant = {k: v for k, v in dataclasses.asdict(self).items() if k not in excluded}
-        return hashlib.sha256(json.dumps(relevant, sort_keys=True).encode()).hexdigest()[:16]
+    def student_config(self, config: PretrainedConfig) -> PretrainedConfig:
+        """A copy of the checkpoint's ``config`` asking for the mechanism with :meth:`resolved_options`."""
+        return prepare_config(copy.deepcopy(config), self.mechanism, **self.resolved_options())
+
+    def transfer_config(self, student_config: PretrainedConfig) -> TransferConfig:
+        """The transfer settings: :attr:`transfer` over the mechanism's measured best for conversions."""
+        config = resolve_transfer_config(self.mechanism, "convert", self.transfer,
+                                         converted_layers=len(converted_layer_indices(student_config)),
+                                         layers_listed=isinstance(self.mechanism_options.get("layers"), list))
+        if not config.steps:
+            raise ValueError("A conversion trains the new attention: steps must be >= 1.")
+        return config
+
+    def fingerprint_context(self) -> dict[str, Any]:
+        """What, besides the transfer settings, fixes the training trajectory (resuming checks it)."""
+        return {"model": self.model, "mechanism": self.mechanism, "options": self.resolved_options(),
+                "text": self.text, "heldout_text": self.heldout_text, "text_column": self.text_column,
+                "text_split": self.text_split, "heldout_fraction": self.heldout_fraction,
+                "max_length": self.max_length, "seed": self.seed}
 
 
 @dataclass
@@ -167,42 +144,11 @@ def _prepare_output(options: ConvertOptions, accelerator: Accelerator) -> None:
     accelerator.wait_for_everyone()
 
 
-def build_teacher(options: ConvertOptions) -> PreTrainedModel:
-    """``options.model`` with sdpa attention, frozen, in eval mode."""
-    return AutoModel.from_pretrained(options.model, attn_implementation="sdpa").eval().requires_grad_(False)
-
-
-def build_student(options: ConvertOptions, config: PretrainedConfig, layers: list[int] | None = None) -> PeftModel:
-    """``options.model`` with the new attention (on ``layers`` when given) and LoRA on its attention
-    projections, in eval mode (no dropout: a step depends on its batch only). ``config`` is the
-    checkpoint's config; it is copied, not changed."""
-    chosen = options.resolved_options() if layers is None else {**options.resolved_options(), "layers": layers}
-    config = prepare_config(copy.deepcopy(config), options.mechanism, **chosen)
-    student = AutoModel.from_pretrained(options.model, config=config).eval()
-    return with_transfer_lora(student, options.lora_r, options.lora_alpha)
-
-
-def choose_layers(options: ConvertOptions, config: PretrainedConfig, teacher: PreTrainedModel,
-                  accelerator: Accelerator, batches: Batches, probe: list[str],
-                  tokenizer: PreTrainedTokenizerBase) -> tuple[list[int], dict[str, float]]:
-    """The layers to convert with ``keep_softmax_layers``: a probe transfer (stage 1 on every layer that
-    ``layers`` selects), then the ``keep_softmax_layers`` layers whose attention error on ``probe``
-    (training passages) stays largest keep softmax. Returns (layers to convert, error per layer)."""
-    set_seed(options.seed)
-    student = build_student(options, config).to(accelerator.device)
-    layers = converted_layers(student)
-    if options.keep_softmax_layers >= len(layers):  # before the probe's work, as worst_layers would after it
-        raise ValueError(f"keep_softmax_layers={options.keep_softmax_layers} leaves none of the {len(layers)} "
-                         "layers to convert: keep fewer.")
-    schedule = dataclasses.replace(options.transfer_schedule(), stage2_steps=0)
-    student, _ = transfer_attention(accelerator, teacher, student,
-                                    batches.stream(0, accelerator.process_index, accelerator.num_processes),
-                                    schedule, description="probe: rank the layers")
-    errors = measure_fidelity(teacher, student.eval(), tokenizer, probe, layers=layers,
-                              max_length=options.max_length)["attention_relative_error"]
-    accelerator.free_memory()
-    worst = worst_layers(errors, options.keep_softmax_layers)
-    return [layer for layer in layers if layer not in worst], errors
+def build_student(options: ConvertOptions, config: PretrainedConfig, transfer: TransferConfig) -> PeftModel:
+    """``options.model`` built from ``config`` (prepared for the mechanism) with LoRA on its attention
+    projections, in eval mode (no dropout: a step depends on its batch only)."""
+    student = AutoModel.from_pretrained(options.model, config=copy.deepcopy(config)).eval()
+    return with_transfer_lora(student, transfer.lora_r, transfer.lora_alpha)
 
 
 def _texts(options: ConvertOptions) -> tuple[list[str], list[str], str | None]:
@@ -215,6 +161,18 @@ def _texts(options: ConvertOptions) -> tuple[list[str], list[str], str | None]:
     return split_heldout(texts, heldout, fraction=options.heldout_fraction, seed=options.seed)
 
 
+def _fidelity_before(options: ConvertOptions, source: PretrainedConfig, transfer: TransferConfig,
+                     record: TransferRecord, teacher: PreTrainedModel, tokenizer: Any,
+                     heldout: list[str]) -> dict[str, Any]:
+    """The fidelity of an untrained student (the seed's fresh initialisation) converted on the layers that
+    the transfer kept converted: the baseline the report compares the trained one with."""
+    chosen = {**options.resolved_options(), "layers": record.converted_layers}
+    set_seed(options.seed)
+    untrained = build_student(options, prepare_config(copy.deepcopy(source), options.mechanism, **chosen), transfer)
+    return measure_fidelity(teacher, untrained.to(teacher.device), tokenizer, heldout,
+                            layers=record.converted_layers, max_length=options.max_length)
+
+
 def convert(options: ConvertOptions, on_step: Callable[[int, float], None] | None = None) -> ConversionResult:
     """Run the conversion described by ``options`` and write the output folder.
 
@@ -223,66 +181,39 @@ def convert(options: ConvertOptions, on_step: Callable[[int, float], None] | Non
     completed step is saved in ``output_dir/checkpoints`` and the interrupt propagates;
     ``resume=True`` continues from it.
     """
-    config = load_model_config(options.model)
-    spec_for(config.model_type)  # an unsupported architecture fails here, listing the supported ones
+    source = load_model_config(options.model)
+    config = options.student_config(source)  # an unsupported architecture fails here, listing the supported ones
+    transfer = options.transfer_config(config)
     train_texts, heldout_texts, heldout_note = _texts(options)
-    accelerator = Accelerator(step_scheduler_with_optimizer=False, **cpu_process_group_kwargs(),
-                              kwargs_handlers=[DistributedDataParallelKwargs(find_unused_parameters=True)])
+    accelerator = Accelerator(**cpu_process_group_kwargs())
     _prepare_output(options, accelerator)
     output = Path(options.output_dir)
     tokenizer = AutoTokenizer.from_pretrained(options.model)
-    teacher = build_teacher(options).to(accelerator.device)
-    batches = Batches(tokenize(tokenizer, train_texts, options.max_length), tokenizer, options.batch_size,
-                      options.seed)
-    state: dict[str, Any] = {"fingerprint": options.fingerprint()}
-    if options.resume:
-        state["layers"] = _saved_state(output).get("layers")
-    elif options.keep_softmax_layers:
-        started = time.perf_counter()
-        state["layers"], state["probe_attention_error"] = choose_layers(
-            options, config, teacher, accelerator, batches, train_texts[:PROBE_TEXTS], tokenizer)
-        state["probe_s"] = time.perf_counter() - started
+    teacher = build_teacher(options.model).to(accelerator.device)
+    batches = Batches(tokenize(tokenizer, train_texts, options.max_length), tokenizer,
+                      transfer.batch_size or BATCH_SIZE, options.seed)
     set_seed(options.seed)
-    student = build_student(options, config, state.get("layers")).to(accelerator.device)
-    layers = converted_layers(student)
-    if not options.resume and accelerator.is_main_process:
-        state["before"] = measure_fidelity(teacher, student, tokenizer, heldout_texts, layers=layers,
-                                           max_length=options.max_length)
-    student, state = transfer_attention(
-        accelerator, teacher, student, batches.stream(0, accelerator.process_index, accelerator.num_processes),
-        options.transfer_schedule(), checkpoint_dir=output / CHECKPOINT_DIR, resume=options.resume, state=state,
-        on_step=on_step, description=f"convert to {options.mechanism}",
-    )
+    student = build_student(options, config, transfer).to(accelerator.device)
+    student, record = transfer_and_select(
+        accelerator, teacher, student, batches, transfer, tokenizer=tokenizer, ranking_texts=train_texts,
+        max_length=options.max_length, context=options.fingerprint_context(), checkpoint_dir=output / CHECKPOINT_DIR,
+        resume=options.resume, on_step=on_step, description=f"convert to {options.mechanism}")
     if accelerator.is_main_process:
-        student.eval()
-        after = measure_fidelity(teacher, student, tokenizer, heldout_texts, layers=layers,
+        before = _fidelity_before(options, source, transfer, record, teacher, tokenizer, heldout_texts)
+        after = measure_fidelity(teacher, student, tokenizer, heldout_texts, layers=record.converted_layers,
                                  max_length=options.max_length)
         reference = save_converted(student, tokenizer, output, adapter_only=options.adapter_only,
                                    reference_texts=heldout_texts[:REFERENCE_TEXTS], max_length=options.max_length)
-        report = _report(options, getattr(student.config, CONFIG_KEY), layers, state["before"], after,
+        report = _report(options, getattr(student.config, CONFIG_KEY), record, before, after,
                          len(train_texts), len(heldout_texts), heldout_note, accelerator.num_processes)
-        report.update(reference=reference, wall_time_s=state["elapsed_s"] + state.get("probe_s", 0.0),
-                      license=base_model_license(options.model),
-                      sentence_transformers=_keep_sentence_transformers_files(options, output),
-                      kept_softmax=_kept_softmax(options, state))
+        report.update(reference=reference, license=base_model_license(options.model),
+                      sentence_transformers=_keep_sentence_transformers_files(options, output))
         (output / REPORT_NAME).write_text(json.dumps(report, indent=2))
         render_conversion_card(output, report=report)
         shutil.rmtree(output / CHECKPOINT_DIR)
     accelerator.wait_for_everyone()
     report = json.loads((output / REPORT_NAME).read_text())
     return ConversionResult(output, report, [heldout_note] if heldout_note else [])
-
-
-def _saved_state(output: Path) -> dict[str, Any]:
-    """The state saved with the latest checkpoint of an interrupted conversion (e.g. its chosen layers)."""
-    return json.loads((latest_checkpoint(output / CHECKPOINT_DIR) / "progress.json").read_text())
-
-
-def _kept_softmax(options: ConvertOptions, state: dict[str, Any]) -> dict[str, Any] | None:
-    """What ``keep_softmax_layers`` chose, for the report: the count and the probe's error per layer."""
-    if not options.keep_softmax_layers:
-        return None
-    return {"count": options.keep_softmax_layers, "probe_attention_error": state["probe_attention_error"]}
 
 
 def _keep_sentence_transformers_files(options: ConvertOptions, output: Path) -> str | None:
@@ -297,16 +228,18 @@ def _keep_sentence_transformers_files(options: ConvertOptions, output: Path) -> 
     return "kept"
 
 
-def _report(options: ConvertOptions, mechanism_options: dict[str, Any], layers: list[int], before: dict[str, Any], after: dict[str, Any],
-            num_train: int, num_heldout: int, heldout_note: str | None, num_processes: int) -> dict[str, Any]:
-    """The fidelity report (``fidelity.json``) without its reference outputs, wall time and license."""
+def _report(options: ConvertOptions, mechanism_options: dict[str, Any], record: TransferRecord,
+            before: dict[str, Any], after: dict[str, Any], num_train: int, num_heldout: int,
+            heldout_note: str | None, num_processes: int) -> dict[str, Any]:
+    """The fidelity report (``fidelity.json``) without its reference outputs and license."""
     metrics = ("hidden_state_cosine", "embedding_cosine", "pairwise_spearman")
     return {
         "base_model": options.base_model_id or hub_id_of(options.model),
         "mechanism": options.mechanism,
         "mechanism_options": mechanism_options,
         "adapter_only": options.adapter_only,
-        "converted_layers": layers,
+        "converted_layers": record.converted_layers,
+        "kept_softmax": {"layers": record.softmax_layers, "ranking_attention_error": record.ranking_error},
         "attention_relative_error": {"before": before["attention_relative_error"],
                                      "after": after["attention_relative_error"],
                                      "mean_before": before["attention_relative_error_mean"],
@@ -316,10 +249,9 @@ def _report(options: ConvertOptions, mechanism_options: dict[str, Any], layers: 
                     "source": [source_name(s) for s in options.heldout_text] if options.heldout_text else heldout_note},
         "training": {"num_texts": num_train, "text": [source_name(s) for s in options.text],
                      "datasets": [source for source in options.text if not Path(source).exists()],
-                     "stage1_steps": options.steps,
-                     "stage2_steps": options.stage2_steps, "stage2_loss": options.stage2_loss, "lr": options.lr,
-                     "stage2_lr": options.stage2_lr, "lora_r": options.lora_r, "batch_size": options.batch_size,
+                     "stage1_steps": record.config.steps, **record.config.trajectory(),
                      "max_length": options.max_length, "seed": options.seed, "num_processes": num_processes},
+        "wall_time_s": record.wall_time_s,
     }
 
 

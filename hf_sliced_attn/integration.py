@@ -91,6 +91,21 @@ def prepare_config(config: PretrainedConfig, mechanism: str, **options: Any) -> 
     return config
 
 
+def converts_layer(config: PretrainedConfig, layer_idx: int) -> bool:
+    """Whether layer ``layer_idx`` of a model built from ``config`` runs ``config``'s mechanism."""
+    options = mechanism_config_of(config)
+    if options is None:
+        return False
+    spec = spec_for(config.model_type)
+    return options.converts_layer(layer_idx, config.num_hidden_layers, spec.is_local_layer(config, layer_idx))
+
+
+def converted_layer_indices(config: PretrainedConfig) -> list[int]:
+    """The layers a model built from ``config`` runs its mechanism on (none for a softmax config).
+    Raises ValueError for a ``layers`` list that names layers the model does not have."""
+    return [i for i in range(config.num_hidden_layers) if converts_layer(config, i)]
+
+
 def attach_modules(module: nn.Module, config: PretrainedConfig, spec: ArchitectureSpec) -> list[nn.Module]:
     """Give one attention module what ``config``'s mechanism needs, and mark its mode.
 
@@ -104,8 +119,7 @@ def attach_modules(module: nn.Module, config: PretrainedConfig, spec: Architectu
             f"{options.mechanism!r} is for encoders: this config has is_decoder/add_cross_attention set. "
             "Use it on encoder models only."
         )
-    layer_idx = module.layer_idx
-    converts = options.converts_layer(layer_idx, config.num_hidden_layers, spec.is_local_layer(config, layer_idx))
+    converts = converts_layer(config, module.layer_idx)
     setattr(module, LAYER_MODE_ATTR, options.mechanism if converts else SOFTMAX)
     if not converts:
         return []

@@ -25,14 +25,14 @@ config dataclass (``--layers``, alias ``--attn_layers``; ``--num_slices``, ``--p
 converted one keeps its own) or the mechanism's defaults.
 
 Attention transfer: from a softmax checkpoint, a plugin mechanism first learns to reproduce the
-checkpoint's softmax attention on the task's own training text (no labels), with the code of
-``hf-sliced-attn convert`` (:func:`hf_sliced_attn.conversion.transfer.transfer_attention`; the mechanism's
-``conversion_defaults`` then fill the options not given), and fine-tuning starts from there
-(:func:`transfer_attention_step`; ``--attention_transfer_steps 0`` fine-tunes the new attention
-directly, from its fresh initialisation). After it, the converted layers whose attention error stays largest
-go back to the checkpoint's softmax attention (``--keep_softmax_layers``, :mod:`hf_sliced_attn.conversion.hybrid`). The
-transfer's defaults are the mechanism's ``finetune_transfer_defaults``. A converted checkpoint and the softmax
-baselines skip it.
+checkpoint's softmax attention on the task's own training text (no labels), by the call ``hf-sliced-attn
+convert`` makes (:func:`hf_sliced_attn.conversion.pipeline.transfer_and_select`, the mechanism's
+``conversion_defaults`` filling the options not given), and the converted layers whose attention error
+stays largest go back to the checkpoint's softmax attention (``--keep_softmax_layers``). Fine-tuning starts
+from there (:func:`transfer_attention_step`; ``--attention_transfer_steps 0`` fine-tunes the new attention
+directly, from its fresh initialisation). Its flags (``--attention_transfer_<setting>``) are generated from
+:class:`hf_sliced_attn.conversion.settings.TransferConfig`, their defaults the mechanism's measured best
+before fine-tuning. A converted checkpoint and the softmax baselines skip it.
 
 The script follows transformers' ``examples/pytorch/text-classification/run_glue_no_trainer.py``
 step by step; :func:`train` reads top to bottom: arguments -> accelerator -> data
@@ -73,7 +73,6 @@ import os
 import shutil
 import sys
 import time
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -82,16 +81,15 @@ import datasets
 import evaluate
 import torch
 import transformers
-from accelerate import Accelerator, DataLoaderConfiguration, DistributedDataParallelKwargs
+from accelerate import Accelerator, DataLoaderConfiguration
 from accelerate.logging import get_logger
-from accelerate.utils import DistributedType, broadcast_object_list, set_seed
+from accelerate.utils import DistributedType, set_seed
 from datasets import DatasetDict, load_dataset
 from datasets.fingerprint import Hasher
 from torch.utils.data import DataLoader
 from tqdm.auto import tqdm
 from transformers import (
     AutoConfig,
-    AutoModel,
     AutoModelForSequenceClassification,
     AutoTokenizer,
     DataCollatorWithPadding,
@@ -100,18 +98,20 @@ from transformers import (
 )
 
 import hf_sliced_attn
-from hf_sliced_attn.arguments import add_mechanism_arguments, mechanism_options
-from hf_sliced_attn.conversion.cards import base_model_license, render_glue_card
-from hf_sliced_attn.convert import TRANSFER_DEFAULTS
-from hf_sliced_attn.distributed import cpu_process_group_kwargs
-from hf_sliced_attn.conversion.fidelity import measure_fidelity
-from hf_sliced_attn.conversion.model_sources import hub_offline
-from hf_sliced_attn.conversion.hybrid import restore_softmax_layers, worst_layers
-from hf_sliced_attn.mechanisms import CONFIG_KEY, parse_layers
-from hf_sliced_attn.conversion.model_sources import ModelNotFoundError, hub_id_of, load_model_config
+from hf_sliced_attn.arguments import (add_mechanism_arguments, add_transfer_arguments, in_flag_terms, mechanism_options,
+                                      transfer_settings)
 from hf_sliced_attn.conversion.attention_taps import converted_layers
+from hf_sliced_attn.conversion.cards import base_model_license, render_glue_card
+from hf_sliced_attn.conversion.fidelity import measure_fidelity
+from hf_sliced_attn.conversion.hybrid import restore_softmax_layers
+from hf_sliced_attn.conversion.model_sources import ModelNotFoundError, hub_id_of, hub_offline, load_model_config
+from hf_sliced_attn.conversion.pipeline import transfer_and_select
+from hf_sliced_attn.conversion.settings import TransferConfig, resolve_transfer_config
 from hf_sliced_attn.conversion.training_text import Batches
-from hf_sliced_attn.conversion.transfer import TransferSchedule, latest_checkpoint, transfer_attention, with_transfer_lora
+from hf_sliced_attn.conversion.transfer import build_teacher, latest_checkpoint, with_transfer_lora
+from hf_sliced_attn.distributed import cpu_process_group_kwargs
+from hf_sliced_attn.integration import converted_layer_indices
+from hf_sliced_attn.mechanisms import CONFIG_KEY, parse_layers
 
 logger = get_logger(__name__)
 
@@ -156,11 +156,8 @@ BASE_ATTN_IMPLEMENTATIONS = ("sdpa", "eager")
 """The softmax attentions of transformers; the plugin's mechanisms are read from hf_sliced_attn.MECHANISMS."""
 FILE_BUILDERS = {".csv": ("csv", {}), ".tsv": ("csv", {"delimiter": "\t"}), ".json": ("json", {}), ".jsonl": ("json", {})}
 STATE_FILE = "recipe_state.json"
-ATTENTION_TRANSFER_STEPS = 100
-"""Stage-1 steps of the attention transfer that precedes fine-tuning a plugin mechanism whose
-:attr:`~hf_sliced_attn.Mechanism.finetune_transfer_defaults` name none."""
-RANKING_TEXTS = 64
-"""Training texts on which --keep_softmax_layers ranks the layers by their attention error."""
+TRANSFER_FLAG_PREFIX = "attention_transfer_"
+"""The transfer settings' flags are --attention_transfer_<field of TransferConfig> (--keep_softmax_layers keeps its name)."""
 TRANSFER_CHECKPOINTS = "transfer_checkpoints"
 """Folder of --output_dir holding the attention transfer's checkpoint: an interrupted run resumes from it (a finished
 transfer too, until fine-tuning has a checkpoint of its own); removed then, or at the end of the run."""
@@ -210,7 +207,10 @@ def build_parser() -> argparse.ArgumentParser:
     add_lora_arguments(parser.add_argument_group("LoRA"))
     add_transfer_arguments(parser.add_argument_group(
         "attention transfer", "Before fine-tuning a plugin mechanism from a softmax checkpoint, train it to reproduce "
-                               "the checkpoint's attention on the task's training text (as `hf-sliced-attn convert` does)."))
+                               "the checkpoint's attention on the task's training text, as `hf-sliced-attn convert` "
+                               "does (hf_sliced_attn.conversion). Defaults: each mechanism's measured best before "
+                               "fine-tuning; none for sdpa/eager and converted checkpoints."),
+        dashes=False, purpose="finetune", prefix=TRANSFER_FLAG_PREFIX, exclude=("checkpoint_every",))
     add_training_arguments(parser.add_argument_group("training"))
     add_output_arguments(parser.add_argument_group("checkpoints, outputs, tracking"))
     return parser
@@ -257,35 +257,6 @@ def add_lora_arguments(lora) -> None:
     lora.add_argument("--lora_dropout", type=float, default=0.1)
 
 
-def add_transfer_arguments(transfer) -> None:
-    transfer.add_argument("--attention_transfer_steps", type=int, default=None,
-                          help="Stage-1 steps (per-layer attention-output matching); 0 fine-tunes the new attention "
-                               "directly from its fresh initialisation. Default: the mechanism's measured best "
-                               f"({finetune_defaults_text('steps', ATTENTION_TRANSFER_STEPS)}), none for sdpa/eager and "
-                               "converted checkpoints.")
-    transfer.add_argument("--attention_transfer_stage2_steps", type=int, default=None,
-                          help="Stage-2 steps (end-to-end distillation of the final hidden states) after stage 1. "
-                               f"Default: the mechanism's ({finetune_defaults_text('stage2_steps', 0)}).")
-    transfer.add_argument("--attention_transfer_lr", type=float, default=1e-3, help="Stage-1 peak learning rate.")
-    transfer.add_argument("--attention_transfer_lora_r", type=int, default=32,
-                          help="Rank of the LoRA on the attention projections that the transfer trains (merged after).")
-    transfer.add_argument("--attention_transfer_lora_alpha", type=int, default=64, help="Its LoRA alpha.")
-    transfer.add_argument("--attention_transfer_batch_size", type=int, default=None,
-                          help="Texts per transfer step and process. Default: --per_device_train_batch_size.")
-    transfer.add_argument("--keep_softmax_layers", type=int, default=None,
-                          help="After the transfer, return the N converted layers whose attention error on training "
-                               "text stays largest to the checkpoint's softmax attention (saved in config.json as an "
-                               "explicit --layers list); 0 keeps every layer converted. Default: the mechanism's "
-                               f"measured best ({finetune_defaults_text('keep_softmax_layers', 0)}), at most half the "
-                               "converted layers; 0 without a transfer or with a --layers list.")
-
-
-def finetune_defaults_text(name: str, fallback: int) -> str:
-    """Each mechanism's default of a transfer setting before fine-tuning ("sliced_relu 100, rela 100"), for --help."""
-    return ", ".join(f"{mechanism.name} {mechanism.finetune_transfer_defaults.get(name, fallback)}"
-                     for mechanism in hf_sliced_attn.MECHANISMS.values())
-
-
 def add_training_arguments(train) -> None:
     train.add_argument("--preset", default=None, help=f"Hyperparameter preset from {PRESETS_FILE.name}; explicit flags override it. "
                                                        "`--preset list` prints them.")
@@ -313,7 +284,7 @@ def add_output_arguments(ckpt) -> None:
     ckpt.add_argument("--output_dir", default="outputs/glue-sample")
     ckpt.add_argument("--checkpointing_steps", default=None,
                       help="Save the training state every N updates, or 'epoch'. An attention transfer saves its own "
-                           f"every N steps (default: every {TransferSchedule.checkpoint_every}).")
+                           f"every N steps (default: every {TransferConfig.checkpoint_every}).")
     ckpt.add_argument("--resume_from_checkpoint", default=None,
                       help="A step_N / epoch_N folder, or 'latest' (the most advanced one in --output_dir; with none, "
                            f"an interrupted attention transfer in --output_dir/{TRANSFER_CHECKPOINTS}).")
@@ -376,44 +347,34 @@ def validate_args(args) -> None:
 
 
 def validate_transfer_args(args) -> None:
-    """Check the attention-transfer flags and fill their defaults (the steps: 0 for softmax attention)."""
-    plugin = args.attn_implementation in hf_sliced_attn.MECHANISMS
-    for flag in ("attention_transfer_steps", "attention_transfer_stage2_steps"):
-        if (getattr(args, flag) or 0) > 0 and not plugin:
-            raise RecipeError(f"--{flag} {getattr(args, flag)} applies to the plugin's mechanisms "
-                              f"({', '.join(hf_sliced_attn.MECHANISMS)}), not to {args.attn_implementation!r} (softmax "
-                              f"attention: nothing to transfer). Drop it, or pass --attn_implementation sliced_relu.")
-    for flag in ("attention_transfer_steps", "attention_transfer_stage2_steps"):
-        if (getattr(args, flag) or 0) < 0:
-            raise RecipeError(f"--{flag} must be >= 0 (0: no attention transfer, the new attention is fine-tuned "
-                              f"directly), got {getattr(args, flag)}.")
-    for flag in ("attention_transfer_lora_r", "attention_transfer_lora_alpha", "attention_transfer_batch_size"):
-        if getattr(args, flag) is not None and getattr(args, flag) < 1:
-            raise RecipeError(f"--{flag} must be >= 1, got {getattr(args, flag)}.")
-    if args.attention_transfer_lr <= 0:
-        raise RecipeError(f"--attention_transfer_lr must be > 0, got {args.attention_transfer_lr}.")
-    defaults = hf_sliced_attn.MECHANISMS[args.attn_implementation].finetune_transfer_defaults if plugin else {}
-    if args.attention_transfer_steps is None:
-        args.attention_transfer_steps = defaults.get("steps", ATTENTION_TRANSFER_STEPS) if plugin else 0
-    if args.attention_transfer_stage2_steps is None:
-        args.attention_transfer_stage2_steps = defaults.get("stage2_steps", 0) if args.attention_transfer_steps else 0
-    if args.attention_transfer_stage2_steps and not args.attention_transfer_steps:
-        raise RecipeError("--attention_transfer_stage2_steps follows stage 1: it needs --attention_transfer_steps > 0.")
-    validate_keep_softmax_layers(args, plugin)
+    """Refuse transfer settings for softmax attention (nothing to transfer); the values themselves are checked
+    with the model's layers, when :func:`build_config` resolves them."""
+    given = {name: value for name, value in transfer_settings(args, prefix=TRANSFER_FLAG_PREFIX).items()
+             if (name, value) != ("steps", 0)}  # "no transfer" is true of softmax attention too
+    if given and args.attn_implementation not in hf_sliced_attn.MECHANISMS:
+        flags = in_flag_terms(", ".join(f"{name} {value}" for name, value in given.items()), dashes=False,
+                              prefix=TRANSFER_FLAG_PREFIX)
+        raise RecipeError(f"{flags} appl{'ies' if len(given) == 1 else 'y'} to the attention transfer of the plugin's "
+                          f"mechanisms ({', '.join(hf_sliced_attn.MECHANISMS)}), not to {args.attn_implementation!r} "
+                          f"(softmax attention: nothing to transfer). Drop it, or pass --attn_implementation sliced_relu.")
 
 
-def validate_keep_softmax_layers(args, plugin: bool) -> None:
-    """Check a given --keep_softmax_layers (left out, :func:`softmax_layer_count` resolves it)."""
-    given = args.keep_softmax_layers
-    if given is not None and given < 0:
-        raise RecipeError(f"--keep_softmax_layers must be >= 0 (0: every layer converted), got {given}.")
-    if given and not (plugin and args.attention_transfer_steps):
-        raise RecipeError(f"--keep_softmax_layers {given} chooses the layers by their attention error after the "
-                          f"transfer: it needs --attention_transfer_steps > 0 (and a plugin mechanism), or pass "
-                          f"--layers with the indices to convert.")
-    if given and isinstance(args.layers, list):
-        raise RecipeError(f"--keep_softmax_layers chooses the layers itself: give it or --layers {args.layers}, not "
-                          f"both (--keep_softmax_layers 0 keeps the given list).")
+def resolve_transfer(args, config) -> TransferConfig | None:
+    """The transfer settings (given flags over the mechanism's measured best before fine-tuning), checked against
+    the layers ``config`` converts; None when no transfer precedes fine-tuning."""
+    if args.attn_implementation not in hf_sliced_attn.MECHANISMS or getattr(config, CONFIG_KEY, None) is None:
+        return None
+    given = transfer_settings(args, prefix=TRANSFER_FLAG_PREFIX, exclude=("checkpoint_every",))
+    given.setdefault("batch_size", args.per_device_train_batch_size)
+    if args.checkpointing_steps not in (None, "epoch"):
+        given["checkpoint_every"] = int(args.checkpointing_steps)
+    try:
+        resolved = resolve_transfer_config(args.attn_implementation, "finetune", given,
+                                           converted_layers=len(converted_layer_indices(config)),
+                                           layers_listed=isinstance(args.layers, list))
+    except ValueError as err:
+        raise RecipeError(in_flag_terms(str(err), dashes=False, prefix=TRANSFER_FLAG_PREFIX)) from None
+    return resolved if transfer_skip_reason(args) is None else None
 
 
 def attention_options(args) -> dict[str, Any]:
@@ -640,7 +601,7 @@ def transfer_skip_reason(args) -> str | None:
     """Why no attention transfer precedes fine-tuning, or None when one does."""
     if args.attn_implementation not in hf_sliced_attn.MECHANISMS:
         return f"{args.attn_implementation!r} is softmax attention, there is nothing to transfer"
-    if not args.attention_transfer_steps:
+    if args.attention_transfer_steps == 0:
         return "--attention_transfer_steps 0, the new attention is fine-tuned directly"
     try:
         source = load_model_config(args.model_name_or_path)
@@ -653,16 +614,16 @@ def transfer_skip_reason(args) -> str | None:
 
 
 def transfer_attention_step(args, accelerator: Accelerator, model, tokenizer, data: GlueData,
-                            processed: DatasetDict) -> dict | None:
-    """Attention transfer before fine-tuning, by :mod:`hf_sliced_attn.conversion.transfer` as ``hf-sliced-attn convert`` runs
-    it: the encoder of ``model`` (the same parameters) learns to reproduce the checkpoint's softmax attention on
-    the training text, LoRA on its attention projections and the mechanism's modules training; the LoRA is merged
-    back after. Returns the record for all_results.json and the card (None when no transfer precedes fine-tuning)."""
+                            processed: DatasetDict, config: TransferConfig | None) -> dict | None:
+    """Attention transfer before fine-tuning, as ``hf-sliced-attn convert`` runs it
+    (:func:`hf_sliced_attn.conversion.pipeline.transfer_and_select`): the encoder of ``model`` (the same parameters)
+    learns to reproduce the checkpoint's softmax attention on the training text, LoRA on its attention projections
+    and the mechanism's modules training, and the layers that transfer worst go back to softmax; the LoRA is
+    merged back after. Returns the record for all_results.json and the card (None when no transfer precedes
+    fine-tuning)."""
     reason, resuming = transfer_skip_reason(args), resume_point(args)
     if reason is not None:
-        logger.info(f"Attention transfer skipped: {reason}" + (
-            f"; --keep_softmax_layers {args.keep_softmax_layers} is not applied either."
-            if args.keep_softmax_layers else "."))
+        logger.info(f"Attention transfer skipped: {reason}.")
         if resuming == "transfer":
             logger.warning(f"The interrupted attention transfer in {TRANSFER_CHECKPOINTS} is not resumed: fine-tuning "
                            f"starts from the beginning.")
@@ -671,8 +632,8 @@ def transfer_attention_step(args, accelerator: Accelerator, model, tokenizer, da
         checkpoint = find_checkpoint(args)
         logger.info(f"Attention transfer not rerun: fine-tuning resumes from {checkpoint.name}, which holds its weights.")
         record = json.loads((checkpoint / STATE_FILE).read_text()).get("attention_transfer")
-        if record and record.get("softmax_layers"):  # the layers the transfer returned to softmax, as then
-            restore_softmax_layers(model.base_model, load_teacher(args), record["softmax_layers"]["layers"])
+        if record and record.get("softmax_layers"):  # the checkpoint's weights fit the layers kept on softmax then
+            restore_softmax_layers(model.base_model, record["softmax_layers"]["layers"])
         return record
     if accelerator.distributed_type in (DistributedType.FSDP, DistributedType.DEEPSPEED):
         raise RecipeError(
@@ -682,92 +643,35 @@ def transfer_attention_step(args, accelerator: Accelerator, model, tokenizer, da
             f"or pass --attention_transfer_steps 0 to fine-tune the new attention directly.")
     check_transfer_text(args, data)
     model.to(accelerator.device).eval()  # no dropout: a transfer step depends on its batch only
-    encoder, schedule = model.base_model, transfer_schedule(args)
-    teacher = load_teacher(args).to(accelerator.device)
-    layers, texts = converted_layers(encoder), text_inputs(data, "validation", FIDELITY_TEXTS)
-    keep = softmax_layer_count(args, len(layers))
-    if keep >= len(layers):  # said before the transfer's work, not after it
-        raise RecipeError(f"--keep_softmax_layers {keep} leaves none of the {len(layers)} converted layers {layers} "
-                          f"to convert: keep fewer (0 keeps them all converted).")
-    state = {"fingerprint": transfer_fingerprint(args, model, processed, accelerator)}
-    if resuming != "transfer":
-        state["before"] = transfer_fidelity(args, teacher, encoder, tokenizer, texts, layers)
-    batch_size = args.attention_transfer_batch_size or args.per_device_train_batch_size
+    encoder, texts = model.base_model, text_inputs(data, "validation", FIDELITY_TEXTS)
+    teacher = build_teacher(args.model_name_or_path).to(accelerator.device)
+    before = transfer_fidelity(args, teacher, encoder, tokenizer, texts, converted_layers(encoder))
     logger.info(f"***** Attention transfer to {args.attn_implementation} *****")
-    logger.info(f"  Steps = {schedule.steps} (stage 2: {schedule.stage2_steps}), converted layers = {layers}, "
-                f"texts = {len(processed['train'])}, batch per process = {batch_size}, LoRA r = "
-                f"{args.attention_transfer_lora_r}" + (", resuming" if resuming == "transfer" else ""))
-    student = with_transfer_lora(encoder, args.attention_transfer_lora_r, args.attention_transfer_lora_alpha)
-    batches = transfer_batches(args, processed, tokenizer, encoder, accelerator.process_index,
-                               accelerator.num_processes)
-    with transfer_settings(accelerator):
-        try:
-            student, state = transfer_attention(
-                accelerator, teacher, student, batches, schedule, checkpoint_dir=transfer_checkpoint_dir(args),
-                resume=resuming == "transfer", state=state, description="attention transfer")
-        except (ValueError, FileNotFoundError) as err:  # a checkpoint of other options, or none
-            raise RecipeError(f"--resume_from_checkpoint: {err}") from err
+    logger.info(f"  {config}; converted layers = {converted_layers(encoder)}, texts = {len(processed['train'])}"
+                + (", resuming" if resuming == "transfer" else ""))
+    student = with_transfer_lora(encoder, config.lora_r, config.lora_alpha)
+    try:
+        student, record = transfer_and_select(
+            accelerator, teacher, student, transfer_batches(processed, tokenizer, encoder, config, args.seed), config,
+            tokenizer=tokenizer, ranking_texts=text_inputs(data, "train", config.ranking_texts),
+            max_length=args.max_length, context=transfer_context(args, model, processed),
+            checkpoint_dir=transfer_checkpoint_dir(args), resume=resuming == "transfer")
+    except (ValueError, FileNotFoundError) as err:  # a checkpoint of other settings, or none
+        raise RecipeError(f"--resume_from_checkpoint: {err}") from err
     student.merge_and_unload()  # into the encoder, in place: the task model holds the trained weights
     model.requires_grad_(True)  # as loaded; fine-tuning (and --lora) decide what trains
     model.zero_grad(set_to_none=True)  # the last transfer step's gradients must not reach fine-tuning's first update
-    kept = keep_softmax_layers_step(args, keep, teacher, encoder, tokenizer, data)
-    after = transfer_fidelity(args, teacher, encoder, tokenizer, texts, converted_layers(encoder))
-    record = transfer_record(args, schedule, state, after, len(texts))
-    if kept is not None:
-        record["softmax_layers"] = kept
-    logger.info(f"Attention transfer done: {schedule.total_steps} steps in {record['wall_time_s']:.1f} s; "
-                f"{describe_fidelity(record)}")
+    after = transfer_fidelity(args, teacher, encoder, tokenizer, texts, record.converted_layers)
+    summary = {**record.summary(), **fidelity_changes(before, after, len(texts))}
+    logger.info(f"Attention transfer done: {config.total_steps} steps in {record.wall_time_s:.1f} s; softmax kept on "
+                f"layers {record.softmax_layers}, {args.attn_implementation} on {record.converted_layers}; "
+                f"{describe_fidelity(summary)}")
     set_seed(args.seed)  # fine-tuning starts from the same random state, resumed transfer or not
-    return record
-
-
-def load_teacher(args):
-    """The softmax checkpoint's encoder (sdpa), frozen and in eval mode: the transfer's teacher."""
-    teacher = AutoModel.from_pretrained(args.model_name_or_path, attn_implementation="sdpa")
-    return teacher.eval().requires_grad_(False)
-
-
-def keep_softmax_layers_step(args, count: int, teacher, encoder, tokenizer, data: GlueData) -> dict | None:
-    """Rank the converted layers of the transferred ``encoder`` by their attention error on RANKING_TEXTS training
-    texts (each layer fed the teacher's inputs) and return the ``count`` worst to the checkpoint's softmax attention
-    (:mod:`hf_sliced_attn.conversion.hybrid`, as ``hf-sliced-attn convert --keep-softmax-layers`` chooses them). Returns the
-    record for all_results.json (the layers and every layer's error), or None when ``count`` is 0."""
-    if not count:
-        return None
-    texts = text_inputs(data, "train", RANKING_TEXTS)
-    errors = measure_fidelity(teacher, encoder.eval(), tokenizer, texts, layers=converted_layers(encoder),
-                              max_length=args.max_length)["attention_relative_error"]
-    # Every process restores the same layers: the main process's ranking.
-    layers = broadcast_object_list([worst_layers(errors, count)])[0]
-    remaining = restore_softmax_layers(encoder, teacher, layers)
-    logger.info(f"Kept on softmax: layers {layers} (attention error on {len(texts)} training texts: "
-                f"{', '.join(f'{k}: {v:.3f}' for k, v in errors.items())}); {args.attn_implementation} in {remaining}.")
-    return {"layers": layers, "attention_relative_error": errors, "ranking_texts": len(texts)}
-
-
-def softmax_layer_count(args, converted: int) -> int:
-    """How many of the ``converted`` layers go back to softmax: --keep_softmax_layers when given; else 0 with a
-    --layers list (the user chose), else the mechanism's default, at most half the converted layers."""
-    if args.keep_softmax_layers is not None:
-        return args.keep_softmax_layers
-    if isinstance(args.layers, list):
-        return 0
-    default = hf_sliced_attn.MECHANISMS[args.attn_implementation].finetune_transfer_defaults.get("keep_softmax_layers", 0)
-    return min(default, converted // 2)
+    return summary
 
 
 FIDELITY_METRICS = ("attention_relative_error_mean", "hidden_state_cosine", "embedding_cosine", "pairwise_spearman")
 """What :func:`hf_sliced_attn.conversion.fidelity.measure_fidelity` reports that the record keeps (before and after)."""
-
-
-def transfer_schedule(args) -> TransferSchedule:
-    """The flags' steps and learning rate; stage 2's loss and learning rate are the mechanism's (as for convert)."""
-    mechanism = hf_sliced_attn.MECHANISMS[args.attn_implementation]
-    stage2 = {name: mechanism.transfer_defaults.get(name, TRANSFER_DEFAULTS[name]) for name in ("stage2_lr", "stage2_loss")}
-    every = (int(args.checkpointing_steps) if args.checkpointing_steps not in (None, "epoch")
-             else TransferSchedule.checkpoint_every)
-    return TransferSchedule(steps=args.attention_transfer_steps, stage2_steps=args.attention_transfer_stage2_steps,
-                            lr=args.attention_transfer_lr, checkpoint_every=every, **stage2)
 
 
 def check_transfer_text(args, data: GlueData) -> None:
@@ -780,41 +684,18 @@ def check_transfer_text(args, data: GlueData) -> None:
             f"--attention_transfer_steps 0 to fine-tune the new attention without it.")
 
 
-def transfer_batches(args, processed: DatasetDict, tokenizer, encoder, process_index: int = 0,
-                     num_processes: int = 1):
-    """The training split's inputs (no labels; only what the encoder takes), in a seeded shuffle cycled without end
-    (:class:`hf_sliced_attn.conversion.training_text.Batches`): the batch of step s is a function of (seed, s), each process its slice."""
+def transfer_batches(processed: DatasetDict, tokenizer, encoder, config: TransferConfig, seed: int) -> Batches:
+    """The training split's inputs (no labels; only what the encoder takes) as the deterministic stream of
+    :class:`hf_sliced_attn.conversion.training_text.Batches`: the batch of step s is a function of (seed, s)."""
     accepted = inspect.signature(encoder.forward).parameters
     train = processed["train"].select_columns([c for c in processed["train"].column_names if c in accepted])
-    batch_size = args.attention_transfer_batch_size or args.per_device_train_batch_size
-    return Batches(train, tokenizer, batch_size, args.seed).stream(0, process_index, num_processes)
+    return Batches(train, tokenizer, config.batch_size, seed)
 
 
-def transfer_fingerprint(args, model, processed: DatasetDict, accelerator: Accelerator) -> str:
-    """A hash of what fixes the transfer's trajectory: a resumed transfer must have the same."""
-    fixed = [args.model_name_or_path, model.config.to_dict()[CONFIG_KEY], processed["train"]._fingerprint,
-             args.seed, args.max_length, args.attention_transfer_batch_size or args.per_device_train_batch_size,
-             args.attention_transfer_steps, args.attention_transfer_stage2_steps, args.attention_transfer_lr,
-             args.attention_transfer_lora_r, args.attention_transfer_lora_alpha, accelerator.num_processes,
-             accelerator.mixed_precision]
-    return Hasher.hash(json.dumps(fixed, sort_keys=True, default=str))
-
-
-@contextmanager
-def transfer_settings(accelerator: Accelerator):
-    """The recipe's accelerator set as ``hf-sliced-attn convert`` builds its own, for the transfer only: the
-    schedule stepped once per step (not once per process), no gradient-accumulation scaling of the loss, and DDP
-    told that stage 1 leaves parameters unused (the LoRA after each attention). Afterwards the settings are
-    restored and the transfer's prepared objects dropped, so that the fine-tuning model is prepared on its own."""
-    saved = accelerator.step_scheduler_with_optimizer, accelerator.gradient_accumulation_steps, accelerator.ddp_handler
-    accelerator.step_scheduler_with_optimizer, accelerator.gradient_accumulation_steps = False, 1
-    accelerator.ddp_handler = DistributedDataParallelKwargs(find_unused_parameters=True)
-    try:
-        yield
-    finally:
-        accelerator.step_scheduler_with_optimizer, accelerator.gradient_accumulation_steps = saved[:2]
-        accelerator.ddp_handler = saved[2]
-        accelerator.free_memory()  # drops the DDP wrapper of the transfer's objective, and its optimizer
+def transfer_context(args, model, processed: DatasetDict) -> dict:
+    """What, besides the transfer settings, fixes the transfer's trajectory: a resumed transfer must have the same."""
+    return {"model": args.model_name_or_path, "options": model.config.to_dict()[CONFIG_KEY],
+            "data": processed["train"]._fingerprint, "seed": args.seed, "max_length": args.max_length}
 
 
 def text_inputs(data: GlueData, split: str, count: int) -> list:
@@ -847,16 +728,12 @@ def describe_fidelity(record: dict) -> str:
     return f"fidelity on {record['fidelity_texts']} validation texts: {', '.join(changes)}"
 
 
-def transfer_record(args, schedule: TransferSchedule, state: dict, after: dict | None, num_texts: int) -> dict:
-    """all_results.json's ``attention_transfer``: its settings, training time and the fidelity reached (numbers only)."""
-    record = {"steps": schedule.steps, "stage2_steps": schedule.stage2_steps, "wall_time_s": round(state["elapsed_s"], 2),
-              "lr": schedule.lr, "lora_r": args.attention_transfer_lora_r,
-              "batch_size": args.attention_transfer_batch_size or args.per_device_train_batch_size}
-    before = state.get("before")
-    if before is not None and after is not None:
-        record["fidelity_texts"] = num_texts
-        record.update({name: {"before": before[name], "after": after[name]} for name in FIDELITY_METRICS})
-    return record
+def fidelity_changes(before: dict | None, after: dict | None, num_texts: int) -> dict:
+    """The fidelity the transfer reached, for the record: ``{measure: {"before", "after"}}`` and the text count."""
+    if before is None or after is None:
+        return {}
+    return {"fidelity_texts": num_texts, **{name: {"before": before[name], "after": after[name]}
+                                            for name in FIDELITY_METRICS}}
 
 
 # ----------------------------------------------------------------------------- evaluation
@@ -1042,8 +919,9 @@ def train(args) -> dict:
     repo_id = prepare_output_dir(args, accelerator)
     data = prepare_data(args)
     config, tokenizer, model = prepare_model(args, data)
+    transfer_config = resolve_transfer(args, config)
     processed = tokenize(args, data, tokenizer, config, accelerator)
-    transfer = transfer_attention_step(args, accelerator, model, tokenizer, data, processed)
+    transfer = transfer_attention_step(args, accelerator, model, tokenizer, data, processed, transfer_config)
     model = add_lora(args, model, accelerator)
     loaders = make_dataloaders(args, processed, tokenizer, accelerator)
     run = prepare_training(args, accelerator, model, loaders, num_examples=len(processed["train"]), transfer=transfer)

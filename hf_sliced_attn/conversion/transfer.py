@@ -13,90 +13,40 @@ The LoLCATs recipe (Zhang et al., 2024), for encoders:
 * **Stage 2** (optional). End-to-end distillation of the final hidden states (MSE or
   1 - cosine over real tokens), the student running freely.
 
-:func:`transfer_attention` runs both stages on an existing :class:`accelerate.Accelerator`
-(CPU, one GPU or ``accelerate launch`` with several processes) over any iterable of
-batches (``input_ids``/``attention_mask``, no labels). With a checkpoint folder it saves a
+:func:`train_stage` runs one stage on an existing :class:`accelerate.Accelerator`
+(CPU, one GPU or ``accelerate launch`` with several processes) over the deterministic stream of
+:class:`~hf_sliced_attn.conversion.training_text.Batches` (no labels); :mod:`.pipeline` runs the stages and the
+choice of softmax layers between them. With a checkpoint folder it saves a
 resumable state every ``checkpoint_every`` steps (:meth:`accelerate.Accelerator.save_state`:
 model, optimizer, scheduler, RNG); Ctrl-C saves one before leaving.
 """
 
 from __future__ import annotations
 
-import itertools
 import json
 import logging
-import math
 import shutil
 import signal
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
-from accelerate import Accelerator
+from accelerate import Accelerator, DistributedDataParallelKwargs
 from peft import LoraConfig, PeftModel, get_peft_model
 from torch import nn
 from tqdm.auto import tqdm
-from transformers import PreTrainedModel
+from transformers import AutoModel, PreTrainedModel
 
 from ..integration import lora_target_modules, modules_to_save
 from .attention_taps import converted_layers, masked_cosine_distance, masked_mse, tap_attention
+from .settings import TransferConfig
+from .training_text import Batches
 
 logger = logging.getLogger(__name__)
-
-STAGE2_LOSSES = ("mse", "cosine")
-
-
-@dataclass(frozen=True)
-class TransferSchedule:
-    """The numbers of a transfer: steps, learning rates and the stage-2 loss."""
-
-    steps: int = 300
-    """Stage 1 optimizer steps."""
-    stage2_steps: int = 0
-    """Stage 2 optimizer steps (0 skips it)."""
-    lr: float = 1e-3
-    stage2_lr: float = 1e-4
-    warmup_steps: int = 10
-    stage2_loss: str = "mse"
-    checkpoint_every: int = 100
-    """Save a resumable state every N steps (with a checkpoint folder)."""
-
-    def __post_init__(self) -> None:
-        if self.stage2_loss not in STAGE2_LOSSES:
-            raise ValueError(f"Unknown stage-2 loss {self.stage2_loss!r}: the valid ones are {list(STAGE2_LOSSES)}.")
-        for name in ("steps", "checkpoint_every"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}.")
-        if self.stage2_steps < 0 or self.warmup_steps < 0:
-            raise ValueError("stage2_steps and warmup_steps must be >= 0.")
-
-    @property
-    def total_steps(self) -> int:
-        return self.steps + self.stage2_steps
-
-    def stage(self, step: int) -> int:
-        """1 or 2: the stage of step ``step`` (counted from 0)."""
-        return 1 if step < self.steps else 2
-
-    def lr_factor(self, step: int) -> float:
-        """Multiplier of ``lr`` at ``step``: linear warmup then cosine decay in each stage;
-        stage 2 starts again from ``stage2_lr``."""
-        if step < self.steps:
-            start, length, peak = 0, self.steps, 1.0
-        else:
-            start, length, peak = self.steps, self.stage2_steps, self.stage2_lr / self.lr
-        position = step - start
-        warmup = min(self.warmup_steps, max(length // 10, 1))
-        if position < warmup:
-            return peak * (position + 1) / (warmup + 1)
-        progress = (position - warmup) / max(length - warmup, 1)
-        return peak * (0.05 + 0.95 * 0.5 * (1.0 + math.cos(math.pi * progress)))
-
 
 def attention_transfer_loss(teacher: nn.Module, student: nn.Module, batch: dict[str, torch.Tensor],
                             layers: Sequence[int]) -> torch.Tensor:
@@ -142,6 +92,11 @@ class DistillationObjective(nn.Module):
         return hidden_state_loss(self.teacher, self.student, batch, self.stage2_loss)
 
 
+
+
+def build_teacher(model: str) -> PreTrainedModel:
+    """The softmax checkpoint ``model`` (a folder or Hub id) with sdpa attention, frozen, in eval mode."""
+    return AutoModel.from_pretrained(model, attn_implementation="sdpa").eval().requires_grad_(False)
 
 
 def with_transfer_lora(student: PreTrainedModel, r: int, alpha: int) -> PeftModel:
@@ -192,84 +147,107 @@ def latest_checkpoint(root: Path) -> Path | None:
     return root / pointer.read_text().strip() if pointer.exists() else None
 
 
-def _resume(accelerator: Accelerator, checkpoint_dir: Path, state: dict[str, Any]) -> tuple[dict[str, Any], int]:
-    """Load the latest checkpoint of ``checkpoint_dir``: (its saved state, the steps it completed)."""
+def saved_progress(checkpoint_dir: Path, fingerprint: str) -> dict[str, Any]:
+    """The state saved with the latest checkpoint of ``checkpoint_dir`` (its ``step``: the steps it completed).
+
+    Raises FileNotFoundError when there is none, and ValueError when it was made with other settings
+    (another ``fingerprint``)."""
     checkpoint = latest_checkpoint(checkpoint_dir)
     if checkpoint is None:
         raise FileNotFoundError(f"{checkpoint_dir} holds no checkpoint to resume from.")
     saved = json.loads((checkpoint / "progress.json").read_text())
-    if saved.get("fingerprint") != state.get("fingerprint"):
-        raise ValueError(f"The checkpoint in {checkpoint_dir} was made with other options; resume with the same "
-                         "options, or start again from scratch.")
-    accelerator.load_state(str(checkpoint))
-    completed = saved.pop("step")
-    logger.info("Resuming attention transfer from %s (step %d).", checkpoint, completed)
-    return saved, completed
+    if saved.get("fingerprint") != fingerprint:
+        raise ValueError(f"The checkpoint in {checkpoint_dir} was made with other settings; resume with the same "
+                         "settings, or start again from scratch.")
+    return saved
 
 
-def transfer_attention(
-    accelerator: Accelerator, teacher: nn.Module, student: nn.Module, batches: Iterable[dict[str, torch.Tensor]],
-    schedule: TransferSchedule, *, checkpoint_dir: Path | None = None, resume: bool = False,
-    state: dict[str, Any] | None = None, on_step: Callable[[int, float], None] | None = None,
-    description: str = "attention transfer",
-) -> tuple[nn.Module, dict[str, Any]]:
-    """Train ``student`` (its trainable parameters) to reproduce ``teacher`` (frozen), ``schedule``'s
-    steps over ``batches`` (one batch a step, on this process; the first ``step`` batches are
-    skipped on resuming). Both models must sit on ``accelerator.device``, in eval mode.
+@contextmanager
+def transfer_mode(accelerator: Accelerator) -> Iterator[None]:
+    """``accelerator`` set up for a transfer, whoever built it, then restored.
 
-    With ``checkpoint_dir``, a resumable state is saved there every ``schedule.checkpoint_every``
-    steps, at the end, and on KeyboardInterrupt (Ctrl-C, or raised by ``on_step``), which then
-    propagates; ``state`` (JSON-ready, with a ``fingerprint`` of what fixes the trajectory) is
-    saved with it, and ``resume=True`` continues from the latest one if its fingerprint matches.
-    ``on_step(step, loss)`` is called after each optimizer step (``step`` counts from 1).
-
-    Returns the trained student (unwrapped) and the state, its ``elapsed_s`` counting the
-    training time over every run.
+    A transfer steps its schedule once per optimizer step (not once per process), scales no loss for
+    gradient accumulation, and tells DDP that stage 1 leaves parameters unused (the LoRA after the last
+    attention). accelerate fixes these when the Accelerator is built and has no call to change them, so
+    they are set here, in the one place, and put back afterwards; the transfer's prepared objects are
+    dropped on leaving, so that whatever is prepared next (fine-tuning) starts clean.
     """
-    started = time.perf_counter()
-    state = {"elapsed_s": 0.0, **(state or {})}
-    optimizer = torch.optim.AdamW([p for p in student.parameters() if p.requires_grad], lr=schedule.lr,
-                                  weight_decay=0.0)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule.lr_factor)
-    objective = DistillationObjective(student, teacher, converted_layers(student), schedule.stage2_loss)
+    saved = accelerator.step_scheduler_with_optimizer, accelerator.gradient_accumulation_steps, accelerator.ddp_handler
+    accelerator.step_scheduler_with_optimizer, accelerator.gradient_accumulation_steps = False, 1
+    accelerator.ddp_handler = DistributedDataParallelKwargs(find_unused_parameters=True)
+    try:
+        yield
+    finally:
+        accelerator.step_scheduler_with_optimizer, accelerator.gradient_accumulation_steps = saved[:2]
+        accelerator.ddp_handler = saved[2]
+        accelerator.free_memory()
+
+
+def train_stage(
+    accelerator: Accelerator, teacher: nn.Module, student: nn.Module, batches: Batches, config: TransferConfig,
+    stage: int, *, completed: int, resume: bool = False, checkpoint_dir: Path | None = None,
+    state: dict[str, Any], on_step: Callable[[int, float], None] | None = None, description: str = "attention transfer",
+) -> nn.Module:
+    """Train ``student`` (its trainable parameters) to reproduce ``teacher`` (frozen) over stage ``stage``
+    (1 or 2) of ``config``: from global step ``completed`` to the stage's end, one batch of ``batches``
+    a step (its own slice on each process). Both models sit on ``accelerator.device``, in eval mode.
+
+    ``resume``: first load the latest checkpoint of ``checkpoint_dir`` (``completed`` is its step). With
+    ``checkpoint_dir``, a resumable state (model, optimizer, scheduler, RNG, and ``state``, JSON-ready)
+    is saved every ``config.checkpoint_every`` steps, at the stage's end, and on KeyboardInterrupt
+    (Ctrl-C, or raised by ``on_step``), which then propagates. ``on_step(step, loss)`` is called after
+    each optimizer step (``step`` counts from 1). ``state["elapsed_s"]`` gains the training time.
+    Returns the trained student (unwrapped).
+    """
+    first, stop = (0, config.steps) if stage == 1 else (config.steps, config.total_steps)
+    started, elapsed = time.perf_counter(), state.get("elapsed_s", 0.0)
+    optimizer = torch.optim.AdamW([p for p in student.parameters() if p.requires_grad], lr=config.lr, weight_decay=0.0)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: config.lr_factor(first + step))
+    objective = DistillationObjective(student, teacher, converted_layers(student), config.stage2_loss)
     objective, optimizer, scheduler = accelerator.prepare(objective, optimizer, scheduler)
-    completed = 0
     if resume:
-        state, completed = _resume(accelerator, checkpoint_dir, state)
+        accelerator.load_state(str(latest_checkpoint(checkpoint_dir)))
+        logger.info("Resuming attention transfer from step %d.", completed)
 
     def checkpoint() -> None:
+        state["elapsed_s"] = elapsed + time.perf_counter() - started
         if checkpoint_dir is not None:
-            _save_checkpoint(accelerator, checkpoint_dir, completed,
-                             {**state, "elapsed_s": state["elapsed_s"] + time.perf_counter() - started})
+            _save_checkpoint(accelerator, checkpoint_dir, completed, state)
 
-    progress = tqdm(total=schedule.total_steps, initial=completed, desc=description,
+    progress = tqdm(total=stop - first, initial=completed - first, desc=f"{description} (stage {stage})",
                     disable=not accelerator.is_local_main_process)
     try:
-        for batch in itertools.islice(iter(batches), completed, schedule.total_steps):
-            batch = {k: v.to(accelerator.device) for k, v in batch.items()}
-            optimizer.zero_grad()
-            loss = objective(batch, stage=schedule.stage(completed))
-            accelerator.backward(loss)
-            with _deferred_interrupt():
-                accelerator.clip_grad_norm_(objective.parameters(), 1.0)
-                optimizer.step()
-                scheduler.step()
-                completed += 1
+        for batch in batches.stream(completed, accelerator.process_index, accelerator.num_processes):
+            if completed >= stop:
+                break
+            loss = _step(accelerator, objective, optimizer, scheduler, batch, stage)
+            completed += 1
             progress.update(1)
-            progress.set_postfix(stage=schedule.stage(completed - 1), loss=f"{loss.item():.4g}")
-            if completed % schedule.checkpoint_every == 0 and completed < schedule.total_steps:
+            progress.set_postfix(loss=f"{loss:.4g}")
+            if completed % config.checkpoint_every == 0 and completed < stop:
                 checkpoint()
             if on_step is not None:
-                on_step(completed, loss.item())
+                on_step(completed, loss)
     except KeyboardInterrupt:
         checkpoint()
-        logger.warning("Interrupted at step %d of %d%s.", completed, schedule.total_steps,
+        logger.warning("Interrupted at step %d of %d%s.", completed, config.total_steps,
                        f"; checkpoint saved in {checkpoint_dir}" if checkpoint_dir else "")
         raise
     finally:
         progress.close()
-    if completed < schedule.total_steps:
-        raise ValueError(f"The batches ran out after {completed} of {schedule.total_steps} transfer steps.")
-    checkpoint()  # the finished state: if what follows fails, resuming only redoes that
-    state["elapsed_s"] += time.perf_counter() - started
-    return accelerator.unwrap_model(objective).student, state
+    checkpoint()  # the stage's finished state: if what follows fails, resuming only redoes that
+    return accelerator.unwrap_model(objective).student
+
+
+def _step(accelerator: Accelerator, objective: nn.Module, optimizer: torch.optim.Optimizer,
+          scheduler: torch.optim.lr_scheduler.LRScheduler, batch: dict[str, torch.Tensor], stage: int) -> float:
+    """One optimizer step on ``batch``; returns its loss. Ctrl-C waits until the update is whole."""
+    batch = {k: v.to(accelerator.device) for k, v in batch.items()}
+    optimizer.zero_grad()
+    loss = objective(batch, stage=stage)
+    accelerator.backward(loss)
+    with _deferred_interrupt():
+        accelerator.clip_grad_norm_(objective.parameters(), 1.0)
+        optimizer.step()
+        scheduler.step()
+    return loss.item()

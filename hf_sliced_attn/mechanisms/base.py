@@ -163,11 +163,11 @@ class Mechanism:
         description: one paragraph for model cards: the maths and the modules it adds.
         conversion_defaults: options that attention transfer uses unless told otherwise (the
             measured best for converting a softmax checkpoint; the config's defaults stay the paper's).
-        transfer_defaults: the transfer's settings that measure best for this mechanism (fields of
-            :class:`hf_sliced_attn.convert.ConvertOptions`: ``steps``, ``lora_r``, ``keep_softmax_layers``, ...).
-        finetune_transfer_defaults: the settings of the shorter transfer that precedes fine-tuning in the GLUE
-            recipe (``steps``, ``stage2_steps``, ``keep_softmax_layers``), the measured best on the quality
-            benchmark within its time budget (transfer and fine-tuning at most twice softmax's fine-tuning).
+        transfer_defaults: the transfer settings that measure best for this mechanism, per purpose:
+            ``"convert"`` (``hf-sliced-attn convert``) and ``"finetune"`` (the shorter transfer that
+            precedes fine-tuning in the GLUE recipe, within its time budget). Each maps fields of
+            :class:`hf_sliced_attn.conversion.settings.TransferConfig` to values;
+            :func:`~hf_sliced_attn.conversion.settings.resolve_transfer_config` applies them.
     """
 
     config_class: type[MechanismConfig]
@@ -180,8 +180,7 @@ class Mechanism:
     description: str
     input_attention: InputAttention | None = None
     conversion_defaults: Mapping[str, Any] = field(default_factory=dict)
-    transfer_defaults: Mapping[str, Any] = field(default_factory=dict)
-    finetune_transfer_defaults: Mapping[str, Any] = field(default_factory=dict)
+    transfer_defaults: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
 
     @property
     def name(self) -> str:

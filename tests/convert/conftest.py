@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from hf_sliced_attn.conversion.settings import TransferConfig
 from hf_sliced_attn.convert import ConvertOptions, convert
 
 from tests.tiny_models import HELDOUT_TEXT, TRAIN_TEXT, tiny_checkpoint
@@ -32,9 +33,10 @@ def tiny_modernbert(tmp_path_factory):
 def tiny_options(model, output, **overrides) -> ConvertOptions:
     """Options for a quick conversion of a tiny model on the shipped text (stage 1 only, small LoRA,
     every selected layer converted; the mechanisms' own transfer defaults are for real checkpoints)."""
+    transfer = dict(steps=40, stage2_steps=0, lora_r=8, lora_alpha=16, keep_softmax_layers=0, checkpoint_every=1000)
+    transfer.update({name: overrides.pop(name) for name in list(overrides) if name in TransferConfig.__dataclass_fields__})
     settings = dict(model=str(model), mechanism="sliced_relu", output_dir=str(output), text=[TRAIN_TEXT],
-                    heldout_text=[HELDOUT_TEXT], steps=40, stage2_steps=0, lora_r=8, lora_alpha=16,
-                    keep_softmax_layers=0, checkpoint_every=1000, seed=0)
+                    heldout_text=[HELDOUT_TEXT], transfer=transfer, seed=0)
     return ConvertOptions(**{**settings, **overrides})
 
 

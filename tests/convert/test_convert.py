@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import json
 
 import pytest
@@ -12,7 +14,8 @@ from transformers import AutoConfig, AutoModel, AutoTokenizer
 from hf_sliced_attn.attention import LAYER_MODE_ATTR
 from hf_sliced_attn import MECHANISMS
 from hf_sliced_attn.conversion.converted_folder import CHECKPOINT_DIR, REPORT_NAME, check_reference, load_converted
-from hf_sliced_attn.convert import TRANSFER_DEFAULTS, ConvertOptions, convert
+from hf_sliced_attn.conversion.settings import mechanism_transfer_defaults
+from hf_sliced_attn.convert import ConvertOptions, convert
 from hf_sliced_attn.conversion.fidelity import measure_fidelity
 from hf_sliced_attn.hub import push
 from hf_sliced_attn.conversion.attention_taps import attention_modules
@@ -106,7 +109,7 @@ def test_resume_after_interrupt_matches_uninterrupted_run(tiny_roberta, tmp_path
     assert (output / CHECKPOINT_DIR / "latest").read_text() == f"step-{interrupt_at:07d}"
     with pytest.raises(FileExistsError, match="--resume"):
         convert(tiny_options(tiny_roberta, output, **settings))
-    with pytest.raises(ValueError, match="other options"):
+    with pytest.raises(ValueError, match="other settings"):
         convert(tiny_options(tiny_roberta, output, **{**settings, "lr": 5e-4}, resume=True))
     resumed = convert(tiny_options(tiny_roberta, output, **settings, resume=True))
 
@@ -175,32 +178,49 @@ def test_no_written_file_holds_a_local_path(tiny_roberta, tmp_path):
     assert any(line.startswith("Warning: the model card names no base_model") for line in printed)
 
 
-def test_each_mechanism_brings_its_measured_transfer_settings(tmp_path):
-    """Settings left out take the mechanism's transfer defaults; given ones win."""
-    sliced = ConvertOptions(model="m", mechanism="sliced_relu", output_dir=str(tmp_path), text=["t"])
-    rela = ConvertOptions(model="m", mechanism="rela", output_dir=str(tmp_path), text=["t"], stage2_steps=7)
-    for options in (sliced, rela):
-        expected = {**TRANSFER_DEFAULTS, **MECHANISMS[options.mechanism].transfer_defaults}
-        if options is rela:
-            expected["stage2_steps"] = 7
-        assert {name: getattr(options, name) for name in TRANSFER_DEFAULTS} == expected
-    assert sliced.keep_softmax_layers == 2 and sliced.resolved_options()["num_slices"] == 4
-    with pytest.raises(ValueError, match="give it or a list of layers, not both"):
-        ConvertOptions(model="m", mechanism="sliced_relu", output_dir=str(tmp_path), text=["t"],
-                       mechanism_options={"layers": [0, 1]})
+def test_each_mechanism_brings_its_measured_transfer_settings(tiny_roberta, tmp_path):
+    """Settings left out take the mechanism's measured best for conversions; given ones win."""
+    config = AutoConfig.from_pretrained(tiny_roberta)  # 2 layers
+    for mechanism, given in (("sliced_relu", {}), ("rela", {"stage2_steps": 7})):
+        options = ConvertOptions(model=str(tiny_roberta), mechanism=mechanism, output_dir=str(tmp_path), text=["t"],
+                                 transfer=given)
+        resolved = options.transfer_config(options.student_config(config))
+        expected = {**mechanism_transfer_defaults(mechanism, "convert"), **given}
+        expected["keep_softmax_layers"] = min(expected["keep_softmax_layers"], 1)  # at most half of 2 layers
+        assert dataclasses.asdict(resolved) == expected
+    sliced = ConvertOptions(model=str(tiny_roberta), mechanism="sliced_relu", output_dir=str(tmp_path), text=["t"])
+    assert sliced.resolved_options()["num_slices"] == 4
+    assert MECHANISMS["sliced_relu"].transfer_defaults["convert"]["keep_softmax_layers"] == 2
+
+
+def test_a_layer_list_keeps_every_listed_layer_converted(tiny_roberta, tmp_path):
+    """A layers list implies keep_softmax_layers 0; a count given with it is an error, not a silent choice."""
+    config = AutoConfig.from_pretrained(tiny_roberta)
+    listed = ConvertOptions(model=str(tiny_roberta), mechanism="sliced_relu", output_dir=str(tmp_path), text=["t"],
+                            mechanism_options={"layers": [0, 1]})
+    assert listed.transfer_config(listed.student_config(config)).keep_softmax_layers == 0
+    both = ConvertOptions(model=str(tiny_roberta), mechanism="sliced_relu", output_dir=str(tmp_path), text=["t"],
+                          mechanism_options={"layers": [0, 1]}, transfer={"keep_softmax_layers": 1})
+    with pytest.raises(ValueError, match="give it or a list of layers to convert, not both"):
+        both.transfer_config(both.student_config(config))
+    missing = ConvertOptions(model=str(tiny_roberta), mechanism="sliced_relu", output_dir=str(tmp_path), text=["t"],
+                             mechanism_options={"layers": [99]})
+    with pytest.raises(ValueError, match=r"names layers \[99\], but the model has 2 layers"):
+        missing.transfer_config(missing.student_config(config))
 
 
 def test_keep_softmax_layers_keeps_the_worst_layers_and_saves_the_choice(tiny_modernbert, tmp_path):
-    """ModernBERT tiny (3 layers, all converted): the probe ranks them, the worst stays softmax."""
+    """ModernBERT tiny (3 layers, all converted): stage 1 ranks them, the worst goes back to softmax."""
     output = tmp_path / "hybrid"
     result = convert(tiny_options(tiny_modernbert, output, mechanism="rela", steps=5, keep_softmax_layers=1,
                                   mechanism_options={"layers": "all"}))
-    probe = result.report["kept_softmax"]["probe_attention_error"]
-    worst = max(probe, key=probe.get)
+    ranking = result.report["kept_softmax"]["ranking_attention_error"]
+    worst = max(ranking, key=ranking.get)
     saved = AutoConfig.from_pretrained(output).hf_sliced_attn["layers"]
-    assert saved == sorted(int(layer) for layer in probe if layer != worst)
+    assert saved == sorted(int(layer) for layer in ranking if layer != worst)
+    assert result.report["kept_softmax"]["layers"] == [int(worst)]
     assert result.report["converted_layers"] == saved
     assert_converted_folder(output, "rela")
-    with pytest.raises(ValueError, match="leaves none of the 3 layers"):
+    with pytest.raises(ValueError, match="leaves none of the 3 converted layers"):
         convert(tiny_options(tiny_modernbert, tmp_path / "none", mechanism="rela", steps=2, keep_softmax_layers=3,
                              mechanism_options={"layers": "all"}))

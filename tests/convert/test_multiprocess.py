@@ -30,5 +30,5 @@ def test_two_processes_convert_together(tiny_roberta, tmp_path):
     assert report["training"]["num_processes"] == 2  # one process group, not two separate runs
     errors = report["attention_relative_error"]
     assert errors["mean_after"] < errors["mean_before"]
-    assert len(report["converted_layers"]) == 1  # the probe, run by both processes, kept one layer on softmax
+    assert len(report["converted_layers"]) == 1  # ranked by both processes, one layer went back to softmax
     assert_converted_folder(output, "sliced_relu")

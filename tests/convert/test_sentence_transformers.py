@@ -82,8 +82,9 @@ def test_converting_a_sentence_transformer_object(tiny_sentence_transformer, tmp
     output = tmp_path / "from-object"
     options = tiny_options(tiny_sentence_transformer, output, steps=2)
     result = convert_sentence_transformer(model, "sliced_relu", str(output), options.text,
-                                          heldout_text=options.heldout_text, steps=2, stage2_steps=0,
-                                          keep_softmax_layers=0, base_model_id="someone/tiny-embedder")
+                                          heldout_text=options.heldout_text,
+                                          transfer={"steps": 2, "stage2_steps": 0, "keep_softmax_layers": 0},
+                                          base_model_id="someone/tiny-embedder")
     assert result.report["base_model"] == "someone/tiny-embedder"
     _assert_drop_in(output, "sliced_relu")
     assert _card_header(output)["base_model"] == "someone/tiny-embedder"

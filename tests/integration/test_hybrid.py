@@ -9,6 +9,7 @@ from transformers import AutoModel
 import hf_sliced_attn
 from hf_sliced_attn.conversion.hybrid import restore_softmax_layers, worst_layers
 from hf_sliced_attn.conversion.attention_taps import attention_modules, converted_layers
+from hf_sliced_attn.conversion.transfer import with_transfer_lora
 from tests.tiny_models import tiny_config
 
 
@@ -22,16 +23,19 @@ def test_worst_layers_are_the_largest_errors_sorted_by_index():
         worst_layers(errors, -1)
 
 
-def _converted(model_type: str, mechanism: str, **options):
+def _transferred(model_type: str, mechanism: str, **options):
+    """(the softmax original, a converted copy as a transfer leaves it: LoRA on the attention projections with
+    trained, non-zero adapters, and trained plugin modules; the base weights frozen, the original's)."""
     torch.manual_seed(0)
     original = AutoModel.from_config(tiny_config(model_type), attn_implementation="sdpa").eval()
     config = hf_sliced_attn.prepare_config(tiny_config(model_type), mechanism, **options)
     model = AutoModel.from_config(config).eval()
     model.load_state_dict(original.state_dict(), strict=False)
-    with torch.no_grad():  # as a transfer leaves them: every attention projection changed
-        for attention in attention_modules(model):
-            for parameter in attention.parameters():
-                parameter.add_(0.01)
+    model = with_transfer_lora(model, r=4, alpha=8)
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if "lora_" in name or parameter.requires_grad:
+                parameter.add_(0.05)
     return original, model
 
 
@@ -40,33 +44,40 @@ def _converted(model_type: str, mechanism: str, **options):
     ("modernbert", "rela", {"layers": "all"}),
 ])
 def test_restored_layers_are_the_checkpoints_softmax_layers(model_type, mechanism, options):
-    original, model = _converted(model_type, mechanism, **options)
+    original, model = _transferred(model_type, mechanism, **options)
     assert converted_layers(model) == [0, 1, 2]
-    assert restore_softmax_layers(model, original, [1]) == [0, 2]
+    assert restore_softmax_layers(model, [1]) == [0, 2]
     assert converted_layers(model) == [0, 2]
     assert getattr(model.config, hf_sliced_attn.CONFIG_KEY)["layers"] == [0, 2]
-    restored, kept = attention_modules(model)[1], attention_modules(original)[1]
-    assert restored.state_dict().keys() == kept.state_dict().keys()  # no plugin module left
-    assert all(torch.equal(a, b) for a, b in zip(restored.state_dict().values(), kept.state_dict().values()))
-    assert any(name in dict(attention_modules(model)[0].named_children())
-               for name in hf_sliced_attn.MECHANISMS[mechanism].module_names)
-    # The restored layer computes the checkpoint's softmax attention: with the converted layers restored too,
-    # the whole model is the original (ModernBERT's local layer within its window).
-    restore_softmax_layers(model, original, [0, 2])
+    names = hf_sliced_attn.MECHANISMS[mechanism].module_names
+    assert not any(name in dict(attention_modules(model)[1].named_children()) for name in names)
+    assert any(name in dict(attention_modules(model)[0].named_children()) for name in names)
+    # The restored layer computes the checkpoint's softmax attention: with the converted layers restored too, and
+    # the LoRA outside the attention modules (ModernBERT's Wo) zeroed, the whole model is the original
+    # (ModernBERT's local layer within its window); merged, its attention weights are the original's.
+    restore_softmax_layers(model, [0, 2])
+    adapters = {name: parameter for name, parameter in model.named_parameters() if "lora_B" in name}
+    projections = [p for name, p in adapters.items() if any(f".{n}." in name for n in ("query", "key", "value", "Wqkv"))]
+    assert projections and not any(p.any() for p in projections)  # reset by the restore
     with torch.no_grad():
-        model.embeddings.load_state_dict(original.embeddings.state_dict())
+        for parameter in adapters.values():  # BERT's output.dense lies outside the attention module: still trained
+            parameter.zero_()
         ids, mask = torch.randint(5, 100, (2, 12)), torch.ones(2, 12, dtype=torch.long)
         mask[1, 9:] = 0
         expected = original(input_ids=ids, attention_mask=mask).last_hidden_state
         actual = model(input_ids=ids, attention_mask=mask).last_hidden_state
     real = mask.bool()
     torch.testing.assert_close(actual[real], expected[real], rtol=1e-5, atol=1e-5)
+    merged = attention_modules(model.merge_and_unload())
+    for restored, kept in zip(merged, attention_modules(original)):
+        assert restored.state_dict().keys() == kept.state_dict().keys()  # no plugin module, no adapter left
+        assert all(torch.equal(a, b) for a, b in zip(restored.state_dict().values(), kept.state_dict().values()))
 
 
 def test_restoring_a_layer_that_is_not_converted_is_an_error():
-    original, model = _converted("modernbert", "sliced_relu")  # "global": layer 0 only, of 3
+    original, model = _transferred("modernbert", "sliced_relu")  # "global": layer 0 only, of 3
     assert converted_layers(model) == [0]
     with pytest.raises(ValueError, match=r"Layers \[1\] do not run 'sliced_relu' \(converted layers: \[0\]\)"):
-        restore_softmax_layers(model, original, [1])
+        restore_softmax_layers(model, [1])
     with pytest.raises(ValueError, match="not built for a mechanism"):
-        restore_softmax_layers(original, original, [0])
+        restore_softmax_layers(original, [0])

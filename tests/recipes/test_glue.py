@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib.util
 import itertools
+import dataclasses
 import json
 import os
 import subprocess
@@ -28,6 +29,8 @@ from sklearn.metrics import f1_score
 
 import hf_sliced_attn
 from hf_sliced_attn.mechanisms import Paper
+from hf_sliced_attn.conversion.settings import mechanism_transfer_defaults
+from hf_sliced_attn.conversion.transfer import transfer_mode
 
 REPO = Path(__file__).resolve().parents[2]
 RECIPE = REPO / "recipes" / "glue.py"
@@ -343,23 +346,25 @@ def test_lora_trains_adapters_new_modules_and_head(attn, tiny, tmp_path):
 
 # ----------------------------------------------------------------------------- attention transfer
 def recipe_parts(argv):
-    """The recipe's steps up to the attention transfer: (args, accelerator, data, tokenizer, model, processed)."""
+    """The recipe's steps up to the attention transfer: (args, accelerator, data, tokenizer, model, processed,
+    the transfer settings)."""
     args = glue.parse_args([str(a) for a in argv])
     reset_accelerate()
     accelerator = glue.make_accelerator(args)
     data = glue.prepare_data(args)
     config, tokenizer, model = glue.prepare_model(args, data)
-    return args, accelerator, data, tokenizer, model, glue.tokenize(args, data, tokenizer, config, accelerator)
+    processed = glue.tokenize(args, data, tokenizer, config, accelerator)
+    return args, accelerator, data, tokenizer, model, processed, glue.resolve_transfer(args, config)
 
 
 def test_transfer_trains_the_task_models_encoder(tiny, tmp_path, caplog):
     """The step trains the task model's own encoder (LoRA merged into the attention projections, the mechanism's
     modules), nothing else, brings its attention closer to softmax's, and leaves every parameter trainable."""
-    args, accelerator, data, tokenizer, model, processed = recipe_parts(
+    args, accelerator, data, tokenizer, model, processed, transfer = recipe_parts(
         common(tiny, tmp_path / "o", transfer=20) + DATA["mrpc"] + ["--max_train_samples", 64, "--keep_softmax_layers", 0])
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
     with caplog.at_level("INFO"):
-        record = glue.transfer_attention_step(args, accelerator, model, tokenizer, data, processed)
+        record = glue.transfer_attention_step(args, accelerator, model, tokenizer, data, processed, transfer)
     after = dict(model.named_parameters())
     assert after.keys() == before.keys()  # no adapter or wrapper left behind
     changed = {n for n in before if not torch.equal(before[n], after[n])}
@@ -387,27 +392,32 @@ def test_zero_transfer_steps_is_the_direct_path(tiny, tmp_path, caplog):
     assert not (out / "transfer_checkpoints").exists()
 
 
+def resolved_transfer(argv):
+    """The transfer settings the recipe resolves for ``argv`` on its 2-class data (None: no transfer)."""
+    args = glue.parse_args([str(a) for a in argv])
+    glue.use_bundled_defaults(args)
+    return args, glue.resolve_transfer(args, glue.build_config(args, 2, [0, 1], False))
+
+
 @pytest.mark.parametrize("attn", MECHANISMS)
 def test_transfer_defaults_are_the_mechanisms(attn, tiny, tmp_path):
-    defaults = hf_sliced_attn.MECHANISMS[attn].finetune_transfer_defaults
-    args = glue.parse_args([str(a) for a in common(tiny, tmp_path / "o", attn, transfer=None) + DATA["sst2"]])
-    assert args.attention_transfer_steps == defaults["steps"] > 0
-    assert args.attention_transfer_stage2_steps == defaults["stage2_steps"]
-    count = defaults["keep_softmax_layers"]
-    assert [glue.softmax_layer_count(args, n) for n in (6, 2 * count, 1)] == [count, count, 0]  # at most half
-    with_list = glue.parse_args([str(a) for a in common(tiny, tmp_path / "o", attn, transfer=None) + DATA["sst2"]
-                                 + ["--layers", "0,1"]])
-    assert glue.softmax_layer_count(with_list, 6) == 0  # the user chose the layers
+    """Left out, each setting is the mechanism's measured best before fine-tuning; the batch is the training
+    batch; on the tiny 2-layer model at most one layer goes back to softmax, none when the layers are listed."""
+    defaults = mechanism_transfer_defaults(attn, "finetune")
+    args, resolved = resolved_transfer(common(tiny, tmp_path / "o", attn, transfer=None) + DATA["sst2"])
+    expected = {**defaults, "batch_size": args.per_device_train_batch_size,
+                "keep_softmax_layers": min(defaults["keep_softmax_layers"], 1)}
+    assert dataclasses.asdict(resolved) == expected and resolved.steps > 0
+    _, listed = resolved_transfer(common(tiny, tmp_path / "o", attn, transfer=None) + DATA["sst2"] + ["--layers", "0,1"])
+    assert listed.keep_softmax_layers == 0  # the user chose the layers
+    _, given = resolved_transfer(common(tiny, tmp_path / "o", attn, transfer=None) + DATA["sst2"]
+                                 + ["--attention_transfer_lr", "5e-4", "--checkpointing_steps", "7"])
+    assert (given.lr, given.checkpoint_every) == (5e-4, 7)
 
 
-def test_transfer_defaults(tiny, tmp_path):
-    args = glue.parse_args([str(a) for a in common(tiny, tmp_path / "o", transfer=None) + DATA["sst2"]])
-    assert args.attention_transfer_lr == 1e-3
-    assert (args.attention_transfer_lora_r, args.attention_transfer_lora_alpha) == (32, 64)
-    assert args.attention_transfer_batch_size is None  # the train batch size
+def test_softmax_baselines_take_no_transfer(tiny, tmp_path):
     for attn in ("sdpa", "eager"):
-        assert glue.parse_args([str(a) for a in common(tiny, tmp_path / "o", attn) + DATA["sst2"]]).attention_transfer_steps == 0
-    assert glue.transfer_schedule(args).stage2_loss == hf_sliced_attn.MECHANISMS["sliced_relu"].transfer_defaults["stage2_loss"]
+        assert resolved_transfer(common(tiny, tmp_path / "o", attn) + DATA["sst2"])[1] is None
 
 
 def test_keep_softmax_layers_returns_the_worst_layer_to_softmax(tiny, tmp_path, caplog):
@@ -415,10 +425,10 @@ def test_keep_softmax_layers_returns_the_worst_layer_to_softmax(tiny, tmp_path, 
     again (its weights, no plugin module); the other keeps its trained attention; config.json lists it."""
     from transformers import AutoModel
 
-    args, accelerator, data, tokenizer, model, processed = recipe_parts(
+    args, accelerator, data, tokenizer, model, processed, transfer = recipe_parts(
         common(tiny, tmp_path / "o", transfer=10) + DATA["sst2"] + ["--max_train_samples", 64, "--keep_softmax_layers", 1])
     with caplog.at_level("INFO"):
-        record = glue.transfer_attention_step(args, accelerator, model, tokenizer, data, processed)
+        record = glue.transfer_attention_step(args, accelerator, model, tokenizer, data, processed, transfer)
     errors = record["softmax_layers"]["attention_relative_error"]
     worst = max(errors, key=errors.get)
     assert record["softmax_layers"]["layers"] == [int(worst)] and set(errors) == {"0", "1"}
@@ -430,7 +440,7 @@ def test_keep_softmax_layers_returns_the_worst_layer_to_softmax(tiny, tmp_path, 
         plugin = [name for name, _ in attention.named_children() if name.startswith("sliced_")]
         same = torch.equal(attention.query.weight, original[index].attention.self.query.weight)
         assert (plugin == [] and same) if index == int(worst) else (plugin != [] and not same)
-    assert f"Kept on softmax: layers [{worst}]" in caplog.text
+    assert f"softmax kept on layers [{int(worst)}]" in caplog.text
 
 
 def test_a_hybrid_run_saves_and_reloads_its_layers(tiny, tmp_path):
@@ -481,12 +491,13 @@ def test_a_converted_checkpoint_skips_the_transfer(tiny, tmp_path, caplog):
 
 
 def test_transfer_batches_are_a_function_of_seed_step_and_process(tiny, tmp_path):
-    args, _, _, tokenizer, model, processed = recipe_parts(
+    args, _, _, tokenizer, model, processed, transfer = recipe_parts(
         common(tiny, tmp_path / "o", transfer=3) + DATA["mrpc"] + ["--attention_transfer_batch_size", 4])
     steps = 2 * len(processed["train"]) // 4  # two passes over the data: the stream cycles
 
     def take(count, args=args, **process):
-        return list(itertools.islice(glue.transfer_batches(args, processed, tokenizer, model.base_model, **process), count))
+        batches = glue.transfer_batches(processed, tokenizer, model.base_model, transfer, args.seed)
+        return list(itertools.islice(batches.stream(0, **process), count))
 
     first, again = take(steps), take(steps)
     assert len(first) == steps and set(first[0]) == {"input_ids", "token_type_ids", "attention_mask"}  # no labels
@@ -500,14 +511,14 @@ def test_transfer_batches_are_a_function_of_seed_step_and_process(tiny, tmp_path
         assert not torch.equal(a["input_ids"], b["input_ids"])
 
 
-def test_transfer_settings_are_converts_and_are_restored():
+def test_transfer_mode_is_converts_and_is_restored():
     """During the transfer the accelerator is set as `convert` builds its own; after it the fine-tuning model is
     prepared alone (the transfer's DDP-wrapped objective dropped)."""
     from accelerate import Accelerator
 
     reset_accelerate()
     accelerator = Accelerator(gradient_accumulation_steps=4)
-    with glue.transfer_settings(accelerator):
+    with transfer_mode(accelerator):
         assert accelerator.gradient_accumulation_steps == 1 and not accelerator.step_scheduler_with_optimizer
         assert accelerator.ddp_handler.find_unused_parameters
         accelerator.prepare(torch.nn.Linear(2, 2))
@@ -517,7 +528,7 @@ def test_transfer_settings_are_converts_and_are_restored():
 
 def interrupt_transfer_at(monkeypatch, step: int) -> None:
     """Ctrl-C after transfer step ``step``: the transfer saves its checkpoint and the interrupt propagates."""
-    original = glue.transfer_attention
+    original = glue.transfer_and_select
 
     def interrupted(*args, **kwargs):
         def on_step(done, loss):
@@ -525,7 +536,7 @@ def interrupt_transfer_at(monkeypatch, step: int) -> None:
                 raise KeyboardInterrupt
         return original(*args, **kwargs, on_step=on_step)
 
-    monkeypatch.setattr(glue, "transfer_attention", interrupted)
+    monkeypatch.setattr(glue, "transfer_and_select", interrupted)
 
 
 # 4 stage-1 steps then 2 of stage 2: interrupted in stage 1, and in stage 2 (a dropout model: the RNG must match too)
@@ -541,7 +552,7 @@ def test_an_interrupted_transfer_resumes_to_the_same_weights(interrupt_step, tin
     assert (out / "transfer_checkpoints" / "latest").is_file() and not (out / "all_results.json").exists()
     with caplog.at_level("INFO"):
         resumed = run(common(tiny_dropout, out, transfer=4) + args + ["--resume_from_checkpoint", "latest"])
-    assert f"(step {interrupt_step})" in caplog.text  # transfer.py: "Resuming attention transfer from ... (step N)"
+    assert f"Resuming attention transfer from step {interrupt_step}." in caplog.text
 
     assert_same_weights(tmp_path / "full", out)
     for key, value in full.items():
@@ -586,7 +597,7 @@ def test_the_finished_transfer_is_kept_until_fine_tuning_checkpoints(tiny, tmp_p
     assert (tmp_path / "out" / "transfer_checkpoints" / "latest").is_file()
     with caplog.at_level("INFO"):
         resumed = run(args + ["--resume_from_checkpoint", "latest"])
-    assert "(step 3)" in caplog.text  # the finished transfer, loaded rather than redone
+    assert "Resuming attention transfer from step 3." in caplog.text  # the finished transfer, loaded rather than redone
     assert_same_weights(tmp_path / "full", tmp_path / "out")
     assert resumed["eval_accuracy"] == full["eval_accuracy"]
     assert not (tmp_path / "out" / "transfer_checkpoints").exists()
@@ -598,10 +609,11 @@ def test_transfer_under_fsdp_names_the_fix(tiny, tmp_path):
 
     from accelerate.utils import DistributedType
 
-    args, _, data, tokenizer, model, processed = recipe_parts(common(tiny, tmp_path / "o", transfer=3) + DATA["sst2"])
+    args, _, data, tokenizer, model, processed, transfer = recipe_parts(
+        common(tiny, tmp_path / "o", transfer=3) + DATA["sst2"])
     fsdp = SimpleNamespace(distributed_type=DistributedType.FSDP)
     with pytest.raises(glue.RecipeError, match="hf-sliced-attn convert") as err:
-        glue.transfer_attention_step(args, fsdp, model, tokenizer, data, processed)
+        glue.transfer_attention_step(args, fsdp, model, tokenizer, data, processed, transfer)
     assert "FSDP" in str(err.value) and "--attention_transfer_steps 0" in str(err.value)
 
 
@@ -617,17 +629,15 @@ def test_transfer_errors(capsys, tiny, tmp_path):
     expect_error(capsys, common(tiny, tmp_path / "o", transfer=3) + DATA["sst2"] + ["--keep_softmax_layers", -1],
                  "--keep_softmax_layers must be >= 0", "got -1")
     expect_error(capsys, common(tiny, tmp_path / "o", transfer=0) + DATA["sst2"] + ["--keep_softmax_layers", 1],
-                 "--keep_softmax_layers 1", "--attention_transfer_steps > 0", "--layers")
+                 "--keep_softmax_layers 1", "--attention_transfer_steps > 0", "list the layers to convert")
     expect_error(capsys, common(tiny, tmp_path / "o", "sdpa") + DATA["sst2"] + ["--keep_softmax_layers", 1],
-                 "--keep_softmax_layers 1", "plugin mechanism")
+                 "--keep_softmax_layers 1", "plugin's mechanisms")
     expect_error(capsys, common(tiny, tmp_path / "o", transfer=3) + DATA["sst2"] + ["--keep_softmax_layers", 1,
                                                                                    "--layers", "0"],
-                 "give it or --layers [0], not both")
-    args, accelerator, data, tokenizer, model, processed = recipe_parts(
-        common(tiny, tmp_path / "o", transfer=3) + DATA["sst2"] + ["--keep_softmax_layers", 2])
-    with pytest.raises(glue.RecipeError, match=r"leaves none of the 2 converted layers \[0, 1\]"):
-        glue.transfer_attention_step(args, accelerator, model, tokenizer, data, processed)
-    assert not glue.transfer_checkpoint_dir(args).exists()  # refused before any transfer work
+                 "--keep_softmax_layers", "give it or a list of layers to convert, not both")
+    expect_error(capsys, common(tiny, tmp_path / "o", transfer=3) + DATA["sst2"] + ["--keep_softmax_layers", 2],
+                 "--keep_softmax_layers 2 leaves none of the 2 converted layers")
+    assert not (tmp_path / "o" / glue.TRANSFER_CHECKPOINTS).exists()  # refused before any transfer work
     empty = tmp_path / "empty.json"
     empty.write_text("".join(json.dumps({"sentence": "", "label": i % 2}) + "\n" for i in range(8)))
     expect_error(capsys, common(tiny, tmp_path / "o", transfer=3) + ["--train_file", empty, "--validation_file", empty],

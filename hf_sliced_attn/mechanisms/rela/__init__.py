@@ -19,11 +19,14 @@ RELA = Mechanism(
         "(`rela_norm`): scale · x · rsqrt(mean(x²) + ε) · σ(gate ⊙ x). The attention weights are exactly "
         "sparse, and a head can attend to nothing."
     ),
-    # Measured on all-MiniLM-L6-v2, held-out text of another kind (README, "Conversion fidelity").
-    transfer_defaults={"lora_r": 32, "lora_alpha": 64, "steps": 150, "stage2_steps": 400, "stage2_loss": "cosine",
-                       "stage2_lr": 1e-3},
-    # Measured on the quality benchmark (README, "Accuracy after fine-tuning").
-    finetune_transfer_defaults={"steps": 100, "stage2_steps": 0, "keep_softmax_layers": 2},
+    # convert: measured on all-MiniLM-L6-v2, held-out text of another kind (README, "Conversion fidelity");
+    # finetune: measured on the quality benchmark (README, "Accuracy after fine-tuning").
+    transfer_defaults={
+        "convert": {"lora_r": 32, "lora_alpha": 64, "steps": 150, "stage2_steps": 400, "stage2_loss": "cosine",
+                    "stage2_lr": 1e-3},
+        "finetune": {"lora_r": 32, "lora_alpha": 64, "steps": 100, "stage2_loss": "cosine", "stage2_lr": 1e-3,
+                     "keep_softmax_layers": 2},
+    },
 )
 
 __all__ = ["RELA", "GatedRMSNorm", "RelaConfig"]
