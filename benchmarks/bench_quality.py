@@ -131,12 +131,6 @@ def convert_command(args, mechanism: str, text_file: Path, out_dir: Path) -> lis
             "--output", str(out_dir), "--overwrite", *shlex.split(args.convert_args)]
 
 
-def recipe_has_flag(flag: str) -> bool:
-    result = subprocess.run([sys.executable, str(RECIPE), "--help"], capture_output=True, text=True,
-                            env=subprocess_env())
-    return flag in result.stdout
-
-
 # ----------------------------------------------------------------------------- running
 def run_logged(command: list[str], log: Path) -> tuple[int, float]:
     """Run ``command`` with its output in ``log``; (exit status, wall seconds)."""
@@ -297,10 +291,6 @@ def main(argv=None) -> None:
                 print(shlex.join(convert_command(args, mechanism, args.work_dir / "train_sentences.txt",
                                                  args.work_dir / f"convert-{mechanism}")))
         return
-    if any("--attention_transfer_steps" in FLOWS[f] for f in args.flows) and not recipe_has_flag("--attention_transfer_steps"):
-        raise SystemExit("recipes/glue.py has no --attention_transfer_steps flag yet: the *_direct flows need it "
-                         "(run the others with --flows).")
-
     args.work_dir.mkdir(parents=True, exist_ok=True)
     runs = []
     total = len(args.flows) * len(args.seeds)
