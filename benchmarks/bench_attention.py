@@ -28,12 +28,12 @@ pass with autograd plus ``out.backward(g)`` for a fixed random g (inputs q, k, v
 encoder's parameters, require grad; their ``.grad`` is reset before every run). ``floor`` is
 measured in ``fwd`` only (its fwd+bwd cells read "–").
 
-Timing: one warm-up run, then the median of r timed runs (``time.perf_counter``), r = 7,
-5, 3 or 2 for runs under 0.1 s, 1 s, 15 s or longer. A point is skipped (and printed as
-"skipped") when its extrapolation from the contender's previous point, time ~ T^a and
-memory ~ T^b with a, b the contender's complexity exponents, predicts more than
-``TIME_LIMIT_S`` per run or more than ``MEMORY_FRACTION`` of the currently available RAM;
-larger T are then skipped too.
+Timing (``benchmarks/_harness.py``): one warm-up run, then the median of r timed runs
+(``time.perf_counter``), r = 7, 5, 3 or 2 for runs under 0.1 s, 1 s, 15 s or longer. A point is
+skipped (and recorded as "skipped", with the reason) when its extrapolation from the
+contender's previous point, time ~ T^a and memory ~ T^b with a, b the contender's ``Growth``,
+predicts more than ``BUDGET.seconds`` per run or more than ``BUDGET.memory_fraction`` of the
+currently available RAM; larger T are then skipped too.
 
 Peak memory: the kernel's own high-water mark of the process's resident set. Before each
 timed run, Python garbage is collected, ``malloc_trim(0)`` hands freed heap pages back to
@@ -46,8 +46,9 @@ and the input gradients are. The reported value is the largest over the timed ru
 Torch's CPU allocator does not cache blocks, so freed tensors leave the RSS and the
 measurement sees each run's true footprint.
 
-Results: the tables are printed and written to ``<output>/attention.md`` (with the raw
-numbers in ``attention.json``) next to ``*_time.png`` (time vs T, log-log) and
+Results: the tables are printed and written to ``<output>/attention.md`` (opening with the
+command, commit, versions, CPU, threads, date, total time and load; the raw numbers and the
+same environment in ``attention.json``) next to ``*_time.png`` (time vs T, log-log) and
 ``*_memory.png`` (peak memory vs T, log-log); ``<output>`` is ``benchmarks/results``, or
 ``benchmarks/results/quick`` with ``--quick``. A "bars" summary checks the acceptance bars.
 """
@@ -55,13 +56,9 @@ numbers in ``attention.json``) next to ``*_time.png`` (time vs T, log-log) and
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
-import platform
-import statistics
 import sys
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -69,13 +66,31 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
-import psutil  # noqa: E402
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 from transformers import AutoModel, RobertaConfig  # noqa: E402
 
 import hf_sliced_attn  # noqa: E402
-from benchmarks._report import Bar, fmt_bytes, fmt_time, reset_peak, source_state, status_kib  # noqa: E402
+from benchmarks._harness import (  # noqa: E402
+    RESULTS,
+    Bar,
+    Budget,
+    Growth,
+    Panel,
+    Point,
+    Run,
+    Series,
+    attempt,
+    bars_table,
+    choice_list,
+    fmt_bytes,
+    fmt_ratio,
+    fmt_time,
+    measure_point,
+    plot_loglog,
+    point_ratio,
+    write_results,
+)
 from hf_sliced_attn.ops import rela, sliced_relu, sliced_relu_bump  # noqa: E402
 from hf_sliced_attn.ops.naive import (  # noqa: E402
     rela_reference,
@@ -84,10 +99,9 @@ from hf_sliced_attn.ops.naive import (  # noqa: E402
 )
 
 HEADS, HEAD_DIM = 12, 64
-TIME_LIMIT_S = 90.0
-MEMORY_FRACTION = 0.75
+BUDGET = Budget(seconds=90.0, memory_fraction=0.75)
 MODES = ("fwd", "fwd+bwd")
-RESULTS = Path(__file__).resolve().parent / "results"
+
 
 Forward = Callable[[], torch.Tensor]
 Builder = Callable[[int], tuple[Forward, list[torch.Tensor]]]
@@ -229,257 +243,211 @@ def _encoder_builder(implementation: str, **options: Any) -> Builder:
 
 @dataclass(frozen=True)
 class Contender:
-    """A contender, its complexity exponents (time ~ T^time_exp, memory ~ T^memory_exp) for skipping,
-    and the modes it is measured in."""
+    """A contender, how its cost grows with T (to predict skips), and the modes it is measured in."""
 
     name: str
     build: Builder
-    time_exp: float
-    memory_exp: float
+    growth: Growth
     modes: tuple[str, ...] = MODES
 
 
+N_LOG_N = Growth(time=1.1, memory=1.0)
+QUADRATIC_TIME = Growth(time=2.0, memory=1.0)
+QUADRATIC = Growth(time=2.0, memory=2.0)
+
 SLICED_GROUP = [
-    Contender("sliced_relu", _sliced_builder(sliced_relu), 1.1, 1.0),
-    Contender("authors", _sliced_builder(authors_sliced_relu), 1.1, 1.0),
-    Contender("sdpa", _qkv_builder(F.scaled_dot_product_attention), 2.0, 1.0),
-    Contender("eager", _qkv_builder(eager_softmax), 2.0, 2.0),
-    Contender("sliced_relu_bump", _sliced_builder(bump), 1.1, 1.0),
-    Contender("floor", _sliced_builder(floor), 1.1, 1.0, modes=("fwd",)),
+    Contender("sliced_relu", _sliced_builder(sliced_relu), N_LOG_N),
+    Contender("authors", _sliced_builder(authors_sliced_relu), N_LOG_N),
+    Contender("sdpa", _qkv_builder(F.scaled_dot_product_attention), QUADRATIC_TIME),
+    Contender("eager", _qkv_builder(eager_softmax), QUADRATIC),
+    Contender("sliced_relu_bump", _sliced_builder(bump), N_LOG_N),
+    Contender("floor", _sliced_builder(floor), N_LOG_N, modes=("fwd",)),
 ]
 RELA_GROUP = [
-    Contender("rela", _qkv_builder(rela), 2.0, 1.0),
+    Contender("rela", _qkv_builder(rela), QUADRATIC_TIME),
     SLICED_GROUP[2],
     SLICED_GROUP[3],
 ]
 ENCODER_GROUP = [
-    Contender(f"encoder/{name}", _encoder_builder(name), exp, mem)
-    for name, exp, mem in (("sliced_relu", 1.1, 1.0), ("rela", 2.0, 1.0), ("sdpa", 2.0, 1.0), ("eager", 2.0, 2.0))
+    Contender(f"encoder/{name}", _encoder_builder(name), growth)
+    for name, growth in (("sliced_relu", N_LOG_N), ("rela", QUADRATIC_TIME), ("sdpa", QUADRATIC_TIME),
+                         ("eager", QUADRATIC))
 ]
 # What `hf-sliced-attn convert` builds (README, "Conversion fidelity"): 4 slices, MLP projection, affine output.
 ENCODER_GROUP.append(Contender("encoder/sliced_relu_converted", _encoder_builder(
-    "sliced_relu", num_slices=4, projection="mlp", affine_output=True), 1.1, 1.0))
+    "sliced_relu", num_slices=4, projection="mlp", affine_output=True), N_LOG_N))
+CONTENDER_NAMES = list(dict.fromkeys(c.name for c in (*SLICED_GROUP, *RELA_GROUP, *ENCODER_GROUP)))
+
+
+@dataclass(frozen=True)
+class Group:
+    """Contenders measured and reported together: the plots' file stem, the tables' title, the T."""
+
+    stem: str
+    title: str
+    contenders: list[Contender]
+    lengths: list[int]
+
+    @property
+    def labels(self) -> list[str]:
+        return [c.name.split("/")[-1] for c in self.contenders]  # "encoder/sdpa" -> "sdpa"
 
 
 # --------------------------------------------------------------------------- measuring
 
-@dataclass
-class Point:
-    """One measurement: median seconds per run and peak resident-memory growth in bytes."""
 
-    seconds: float
-    peak_bytes: int
-    reps: int
+def reps_for(first_seconds: float) -> int:
+    """Timed runs per point from the first one's time: 7, 5, 3 or 2 under 0.1 s, 1 s, 15 s or longer."""
+    return 2 if first_seconds >= 15 else 3 if first_seconds >= 1 else 5 if first_seconds >= 0.1 else 7
 
 
 class Bench:
-    """Runs and remembers the measurements, keyed by (contender, mode, T).
-
-    A key maps to its Point, or to "skipped" / "error" when it was not measured.
-    """
+    """The measurements of one run: a :class:`Series` per (contender, mode)."""
 
     def __init__(self, max_reps: int) -> None:
         self.max_reps = max_reps
-        self.points: dict[tuple[str, str, int], Point | str] = {}
+        self.series: dict[tuple[str, str], Series] = {}
+
+    def series_of(self, name: str, mode: str) -> Series:
+        return self.series.get((name, mode), Series())
 
     def get(self, name: str, mode: str, length: int) -> Point | None:
-        point = self.points.get((name, mode, length))
-        return point if isinstance(point, Point) else None
+        return self.series_of(name, mode).get(length)
 
-    def cell(self, name: str, mode: str, length: int, formatter: Callable[[Point], str]) -> str:
-        point = self.points.get((name, mode, length), "–")
-        return formatter(point) if isinstance(point, Point) else point
+    def measure(self, contender: Contender, mode: str, length: int) -> None:
+        """The point, unless it was tried already (groups share contenders) or is predicted over ``BUDGET``."""
+        series = self.series.setdefault((contender.name, mode), Series())
+        if length not in series.points:
+            attempt(series, length, lambda: self._point(contender, mode, length), contender.growth, BUDGET,
+                    f"{contender.name:22s} {mode:8s}")
 
-    def _previous(self, name: str, mode: str, length: int) -> tuple[int, Point | str] | None:
-        tried = [(t, p) for (n, m, t), p in self.points.items() if n == name and m == mode and t < length]
-        return max(tried, key=lambda item: item[0]) if tried else None
-
-    def measure(self, contender: Contender, mode: str, length: int) -> Point | None:
-        key = (contender.name, mode, length)
-        if key in self.points:
-            return self.points[key]
-        previous = self._previous(contender.name, mode, length)
-        reason = None
-        if previous is not None and previous[1] == "skipped":
-            reason = "a smaller T was skipped"
-        elif previous is not None and isinstance(previous[1], Point):
-            ratio = length / previous[0]
-            seconds = previous[1].seconds * ratio**contender.time_exp
-            memory = previous[1].peak_bytes * ratio**contender.memory_exp
-            available = psutil.virtual_memory().available
-            if seconds > TIME_LIMIT_S:
-                reason = f"predicted {seconds:.0f} s per run > {TIME_LIMIT_S:.0f} s"
-            elif memory > MEMORY_FRACTION * available:
-                reason = f"predicted {memory / 2**30:.1f} GiB > {MEMORY_FRACTION:.0%} of {available / 2**30:.1f} GiB free"
-        if reason is not None:
-            print(f"  {contender.name:22s} {mode:8s} T={length:6d}  skipped ({reason})", flush=True)
-            self.points[key] = "skipped"
-            return None
-        try:
-            point = self._run(contender, mode, length)
-        except Exception as error:  # noqa: BLE001  (a failing contender must not stop the others)
-            print(f"  {contender.name:22s} {mode:8s} T={length:6d}  error: {type(error).__name__}: {error}", flush=True)
-            self.points[key] = "error"
-            return None
-        self.points[key] = point
-        print(f"  {contender.name:22s} {mode:8s} T={length:6d}  {fmt_time(point.seconds):>9s}  "
-              f"peak +{fmt_bytes(point.peak_bytes):>9s}  ({point.reps} reps)", flush=True)
-        return point
-
-    def _run(self, contender: Contender, mode: str, length: int) -> Point:
+    def _point(self, contender: Contender, mode: str, length: int) -> Point:
         forward, leaves = contender.build(length)
-        grad: list[torch.Tensor] = []
+        gradient: list[torch.Tensor] = []
 
-        def once() -> None:
-            for leaf in leaves:
-                leaf.grad = None
+        def run() -> None:
             if mode == "fwd":
                 with torch.no_grad():
                     forward()
                 return
             out = forward()
-            if not grad:
-                grad.append(torch.randn(out.shape, generator=torch.Generator().manual_seed(1)))
-            out.backward(grad[0])
+            if not gradient:  # made in the warm-up, before any memory baseline
+                gradient.append(torch.randn(out.shape, generator=torch.Generator().manual_seed(1)))
+            out.backward(gradient[0])
 
-        def timed() -> tuple[float, int]:
+        def reset_grads() -> None:
             for leaf in leaves:
                 leaf.grad = None
-            baseline = reset_peak()
-            start = time.perf_counter()
-            once()
-            seconds = time.perf_counter() - start
-            return seconds, max(0, status_kib("VmHWM") * 1024 - baseline)
 
-        once()  # warm-up (and g allocated before any baseline)
-        first = timed()
-        reps = 2 if first[0] >= 15 else 3 if first[0] >= 1 else 5 if first[0] >= 0.1 else 7
-        runs = [first] + [timed() for _ in range(min(reps, self.max_reps) - 1)]
-        del forward, leaves, grad
-        return Point(statistics.median(s for s, _ in runs), max(m for _, m in runs), len(runs))
+        return measure_point(run, lambda first: min(reps_for(first), self.max_reps), prepare=reset_grads)
+
+
+def measure_groups(bench: Bench, groups: list[Group]) -> None:
+    """Every group, T by T: all modes and contenders of a T before the next T."""
+    for group in groups:
+        print(f"\n# {group.title}", flush=True)
+        for length in group.lengths:
+            for mode in MODES:
+                for contender in group.contenders:
+                    if mode in contender.modes:
+                        bench.measure(contender, mode, length)
 
 
 # --------------------------------------------------------------------------- reporting
 
 
-def fmt_ratio(num: Point | None, den: Point | None, attr: str = "seconds") -> str:
-    if num is None or den is None or getattr(den, attr) == 0:
-        return "–"
-    return f"{getattr(num, attr) / getattr(den, attr):.2f}×"
+def time_table(bench: Bench, group: Group, mode: str) -> list[str]:
+    """Markdown rows: the time per run of each contender, then its speed-up over the group's first."""
+    names, (subject, *others) = [c.name for c in group.contenders], group.labels
+    lines = [f"### {mode}: time per run (median) and speed-up of `{subject}` (other's time / {subject}'s time)", "",
+             "| T | " + " | ".join([*group.labels, *(f"{o} / {subject}" for o in others)]) + " |",
+             "|---:|" + "---:|" * (2 * len(names) - 1)]
+    for length in group.lengths:
+        cells = [bench.series_of(n, mode).cell(length, lambda p: fmt_time(p.seconds)) for n in names]
+        base = bench.get(names[0], mode, length)
+        ratios = [fmt_ratio(point_ratio(bench.get(n, mode, length), base)) for n in names[1:]]
+        lines.append(f"| {length} | " + " | ".join(cells + ratios) + " |")
+    return lines + [""]
 
 
-def group_tables(bench: Bench, title: str, contenders: list[Contender], lengths: list[int]) -> str:
-    """Markdown: per mode a time table with ratios against the group's first contender, then memory."""
-    names = [c.name for c in contenders]
-    labels = [n.split("/")[-1] for n in names]  # "encoder/sdpa" -> "sdpa"
-    subject, others = labels[0], labels[1:]
-    out = [f"## {title}", ""]
-    for mode in MODES:
-        out += [
-            f"### {mode}: time per run (median) and speed-up of `{subject}` (other's time / {subject}'s time)",
-            "",
-            "| T | " + " | ".join(labels) + " | " + " | ".join(f"{o} / {subject}" for o in others) + " |",
-            "|---:|" + "---:|" * (2 * len(names) - 1),
-        ]
-        for length in lengths:
-            points = [bench.get(n, mode, length) for n in names]
-            base = points[0]
-            out.append(
-                f"| {length} | " + " | ".join(bench.cell(n, mode, length, lambda p: fmt_time(p.seconds)) for n in names)
-                + " | "
-                + " | ".join(fmt_ratio(p, base) for p in points[1:]) + " |"
-            )
-        out.append("")
-    out += [
-        f"### Peak memory (resident-set growth over the inputs); ratio = {subject} / other",
-        "",
-        "| T | " + " | ".join(f"{n} {m}" for m in MODES for n in labels)
-        + " | " + " | ".join(f"{subject} / {o} (fwd+bwd)" for o in others) + " |",
-        "|---:|" + "---:|" * (len(names) * len(MODES) + len(others)),
-    ]
-    for length in lengths:
-        cells = [bench.cell(n, m, length, lambda p: fmt_bytes(p.peak_bytes)) for m in MODES for n in names]
+def memory_table(bench: Bench, group: Group) -> list[str]:
+    """Markdown rows: the peak memory of each contender in each mode, then the first's over the others'."""
+    names, (subject, *others) = [c.name for c in group.contenders], group.labels
+    lines = [f"### Peak memory (resident-set growth over the inputs); ratio = {subject} / other", "",
+             "| T | " + " | ".join([*(f"{n} {m}" for m in MODES for n in group.labels),
+                                    *(f"{subject} / {o} (fwd+bwd)" for o in others)]) + " |",
+             "|---:|" + "---:|" * (len(names) * len(MODES) + len(others))]
+    for length in group.lengths:
+        cells = [bench.series_of(n, m).cell(length, lambda p: fmt_bytes(p.peak_bytes)) for m in MODES for n in names]
         base = bench.get(names[0], "fwd+bwd", length)
-        ratios = [fmt_ratio(base, bench.get(o, "fwd+bwd", length), "peak_bytes") for o in names[1:]]
-        out.append(f"| {length} | " + " | ".join(cells) + " | " + " | ".join(ratios) + " |")
-    return "\n".join(out) + "\n"
+        ratios = [fmt_ratio(point_ratio(base, bench.get(n, "fwd+bwd", length), "peak_bytes")) for n in names[1:]]
+        lines.append(f"| {length} | " + " | ".join(cells + ratios) + " |")
+    return lines
 
 
-def plot_group(bench: Bench, stem: str, title: str, contenders: list[Contender], lengths: list[int],
-               output: Path) -> list[Path]:
-    """Two log-log PNGs: time vs T and peak memory vs T, one panel per mode."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    paths = []
-    for kind, attr, scale, unit in (("time", "seconds", 1.0, "s per run"), ("memory", "peak_bytes", 2**-20, "MiB peak")):
-        fig, axes = plt.subplots(1, 2, figsize=(11, 4.2), constrained_layout=True)
-        for ax, mode in zip(axes, MODES):
-            for contender in contenders:
-                xs = [t for t in lengths if bench.get(contender.name, mode, t)]
-                ys = [getattr(bench.get(contender.name, mode, t), attr) * scale for t in xs]
-                if xs:
-                    ax.plot(xs, ys, marker="o", label=contender.name.split("/")[-1])
-            ax.set_xscale("log", base=2)
-            ax.set_yscale("log")
-            ax.set_xlabel("sequence length T")
-            ax.set_ylabel(unit)
-            ax.set_title(mode)
-            ax.grid(True, which="both", alpha=0.3)
-            ax.legend()
-        fig.suptitle(f"{title}: {kind}")
-        path = output / f"{stem}_{kind}.png"
-        fig.savefig(path, dpi=110)
-        plt.close(fig)
-        paths.append(path)
-    return paths
+def group_tables(bench: Bench, group: Group) -> str:
+    """Markdown: per mode a time table with ratios against the group's first contender, then memory."""
+    lines = [f"## {group.title}", ""]
+    for mode in MODES:
+        lines += time_table(bench, group, mode)
+    return "\n".join(lines + memory_table(bench, group)) + "\n"
 
 
-def _ratio(num: Point | None, den: Point | None, attr: str = "seconds") -> float | None:
-    if num is None or den is None or getattr(den, attr) == 0:
-        return None
-    return getattr(num, attr) / getattr(den, attr)
+def plot_group(bench: Bench, group: Group, output: Path) -> None:
+    """Two log-log PNGs, ``<stem>_time.png`` and ``<stem>_memory.png``, one panel per mode."""
+    for kind, attr, unit in (("time", "seconds", "s per run"), ("memory", "peak_bytes", "MiB peak")):
+        panels = [Panel(mode, unit, attr, {label: bench.series_of(c.name, mode).within(group.lengths)
+                                           for label, c in zip(group.labels, group.contenders, strict=True)})
+                  for mode in MODES]
+        plot_loglog(output / f"{group.stem}_{kind}.png", f"{group.title}: {kind}", panels)
 
 
 def bars(bench: Bench) -> list[Bar]:
+    """The acceptance bars, from the points they compare (not measured where a point is missing)."""
     fb = "fwd+bwd"
     g = bench.get
     return [
         Bar("sliced_relu fwd+bwd T=16384: sdpa time / sliced_relu time",
-            _ratio(g("sdpa", fb, 16384), g("sliced_relu", fb, 16384)), 20, True),
+            point_ratio(g("sdpa", fb, 16384), g("sliced_relu", fb, 16384)), 20, True),
         Bar("sliced_relu fwd+bwd T=16384: authors' algorithm time / sliced_relu time",
-            _ratio(g("authors", fb, 16384), g("sliced_relu", fb, 16384)), 3, True),
+            point_ratio(g("authors", fb, 16384), g("sliced_relu", fb, 16384)), 3, True),
         Bar("sliced_relu fwd T=16384: sliced_relu time / floor time (sort keys, read q, k, v, write out)",
-            _ratio(g("sliced_relu", "fwd", 16384), g("floor", "fwd", 16384)), 3, False),
+            point_ratio(g("sliced_relu", "fwd", 16384), g("floor", "fwd", 16384)), 3, False),
         Bar("sliced_relu fwd+bwd: time(T=65536) / time(T=16384)",
-            _ratio(g("sliced_relu", fb, 65536), g("sliced_relu", fb, 16384)), 4.6, False),
+            point_ratio(g("sliced_relu", fb, 65536), g("sliced_relu", fb, 16384)), 4.6, False),
         Bar("sliced_relu fwd+bwd peak memory linear in T: peak(65536) / peak(16384) (linear = 4)",
-            _ratio(g("sliced_relu", fb, 65536), g("sliced_relu", fb, 16384), "peak_bytes"), 4.6, False),
+            point_ratio(g("sliced_relu", fb, 65536), g("sliced_relu", fb, 16384), "peak_bytes"), 4.6, False),
         Bar("sliced_relu_bump fwd+bwd T=16384: sdpa time / sliced_relu_bump time",
-            _ratio(g("sdpa", fb, 16384), g("sliced_relu_bump", fb, 16384)), 20, True),
+            point_ratio(g("sdpa", fb, 16384), g("sliced_relu_bump", fb, 16384)), 20, True),
         Bar("sliced_relu_bump fwd+bwd peak memory linear in T: peak(65536) / peak(16384) (linear = 4)",
-            _ratio(g("sliced_relu_bump", fb, 65536), g("sliced_relu_bump", fb, 16384), "peak_bytes"), 4.6, False),
+            point_ratio(g("sliced_relu_bump", fb, 65536), g("sliced_relu_bump", fb, 16384), "peak_bytes"), 4.6, False),
         Bar("rela fwd+bwd T=512: speed relative to eager (eager time / rela time)",
-            _ratio(g("eager", fb, 512), g("rela", fb, 512)), 0.9, True),
+            point_ratio(g("eager", fb, 512), g("rela", fb, 512)), 0.9, True),
         Bar("rela fwd+bwd T=8192: peak memory rela / eager",
-            _ratio(g("rela", fb, 8192), g("eager", fb, 8192), "peak_bytes"), 0.25, False),
+            point_ratio(g("rela", fb, 8192), g("eager", fb, 8192), "peak_bytes"), 0.25, False),
     ]
 
 
-def bars_table(items: list[Bar]) -> str:
-    lines = ["## Bars", "", "| bar | measured | required | verdict |", "|---|---:|---:|---|"]
-    return "\n".join(lines + [b.row() for b in items]) + "\n"
-
-
-def memory_slope(bench: Bench, name: str, lengths: list[int]) -> str:
+def memory_slope(bench: Bench, name: str) -> str:
     """Log-log slope of fwd+bwd peak memory over the two largest measured T (1 = linear)."""
-    measured = [(t, bench.get(name, "fwd+bwd", t)) for t in lengths if bench.get(name, "fwd+bwd", t)]
-    if len(measured) < 2:
+    lengths, peaks = bench.series_of(name, "fwd+bwd").curve("peak_bytes")
+    if len(lengths) < 2:
         return "n/a"
-    (t0, p0), (t1, p1) = measured[-2:]
-    return f"{math.log(p1.peak_bytes / p0.peak_bytes) / math.log(t1 / t0):.2f} (T={t0}→{t1})"
+    slope = math.log(peaks[-1] / peaks[-2]) / math.log(lengths[-1] / lengths[-2])
+    return f"{slope:.2f} (T={lengths[-2]}→{lengths[-1]})"
+
+
+def report(run: Run, bench: Bench, groups: list[Group]) -> str:
+    """The markdown results file: header, bars, memory slopes, then every group's tables."""
+    sections = [
+        "# Attention benchmark (CPU)", "",
+        f"{run.header()} Shapes: B=1, H={HEADS}, D={HEAD_DIM}, float32. Method: see the script's docstring "
+        "(median of runs after a warm-up; peak memory = kernel VmHWM growth over the inputs, reset before every run).",
+        "", bars_table(bars(bench)),
+        f"sliced_relu fwd+bwd peak-memory log-log slope: {memory_slope(bench, 'sliced_relu')}; "
+        f"sliced_relu_bump: {memory_slope(bench, 'sliced_relu_bump')}; rela: {memory_slope(bench, 'rela')}.", "",
+    ]
+    return "\n".join(sections + [group_tables(bench, group) for group in groups])
 
 
 # --------------------------------------------------------------------------- main
@@ -497,102 +465,55 @@ def sanity_check() -> None:
     torch.testing.assert_close(rela(q.float(), k.float(), v.float()), rela_reference(q, k, v).float(), rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(eager_softmax(q, k, v), F.scaled_dot_product_attention(q, k, v))
     torch.testing.assert_close(floor(s, t, v), v)
+    print("sanity check: authors' port == float64 reference == sliced_relu op; sliced_relu_bump op == reference; "
+          "rela op == reference; eager == sdpa; floor's output == v")
 
 
-def _selected_contenders(parser: argparse.ArgumentParser, text: str | None) -> set[str] | None:
-    """The names given to --contenders (None: all), each checked against the contenders."""
-    if text is None:
-        return None
-    known = [c.name for c in (*SLICED_GROUP, *RELA_GROUP, *ENCODER_GROUP)]
-    names = {name.strip() for name in text.split(",") if name.strip()}
-    unknown = sorted(names - set(known))
-    if unknown or not names:
-        parser.error(f"--contenders: unknown {unknown or 'empty list'}; choose from {', '.join(dict.fromkeys(known))}")
-    return names
-
-
-def main(argv: list[str] | None = None) -> int:
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    """The arguments; ``output`` resolved (``benchmarks/results[/quick][/selected]`` unless given)."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="a small subset (< 2 min)")
-    parser.add_argument("--contenders", help=(
+    parser.add_argument("--contenders", type=choice_list(CONTENDER_NAMES), help=(
         "comma-separated contenders to measure (e.g. sliced_relu,floor); default: all. Results then go to "
         "benchmarks/results/selected unless --output is given"))
     parser.add_argument("--output", type=Path, help="results directory (default: benchmarks/results[/quick])")
     args = parser.parse_args(argv)
-    selected = _selected_contenders(parser, args.contenders)
     default_output = RESULTS / "quick" if args.quick else RESULTS
-    output = args.output or (default_output / "selected" if selected is not None else default_output)
-    output.mkdir(parents=True, exist_ok=True)
+    args.output = args.output or (default_output / "selected" if args.contenders else default_output)
+    return args
+
+
+def groups(quick: bool, selected: list[str] | None) -> list[Group]:
+    """The groups to measure, with their T (a few with ``quick``), holding only the ``selected`` contenders."""
+    every = [
+        Group("sliced_relu", "sliced_relu and sliced_relu_bump vs softmax attention and the authors' algorithm",
+              SLICED_GROUP, [256, 1024] if quick else [2**p for p in range(8, 17)]),
+        Group("rela", "ReLA vs softmax attention", RELA_GROUP, [128, 512] if quick else [2**p for p in range(7, 15)]),
+        Group("encoder", "RoBERTa encoder, 2 layers, hidden 768, 12 heads", ENCODER_GROUP,
+              [256] if quick else [256, 1024, 4096]),
+    ]
+    if selected is None:
+        return every
+    chosen = [Group(g.stem, g.title, [c for c in g.contenders if c.name in selected], g.lengths) for g in every]
+    return [group for group in chosen if group.contenders]
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
     torch.set_num_threads(os.cpu_count())
-    if args.quick:
-        sliced_lengths, rela_lengths, encoder_lengths, max_reps = [256, 1024], [128, 512], [256], 3
-    else:
-        sliced_lengths = [2**p for p in range(8, 17)]
-        rela_lengths = [2**p for p in range(7, 15)]
-        encoder_lengths = [256, 1024, 4096]
-        max_reps = 7
-    environment = (
-        f"torch {torch.__version__}, {platform.processor() or platform.machine()}, {os.cpu_count()} cores "
-        f"({torch.get_num_threads()} torch threads), {psutil.virtual_memory().total / 2**30:.0f} GiB RAM, "
-        f"Python {platform.python_version()}; B=1, H={HEADS}, D={HEAD_DIM}, float32; {source_state()}"
-    )
-    load_start = os.getloadavg()[0]
-    print(environment, f"load average {load_start:.1f}", flush=True)
+    run = Run(Path(__file__).name, argv)
     sanity_check()
-    print("sanity check: authors' port == float64 reference == sliced_relu op; sliced_relu_bump op == reference; "
-          "rela op == reference; eager == sdpa; floor's output == v")
-
-    bench = Bench(max_reps)
-    started = time.perf_counter()
-    groups = [
-        ("sliced_relu", "sliced_relu and sliced_relu_bump vs softmax attention and the authors' algorithm",
-         SLICED_GROUP, sliced_lengths),
-        ("rela", "ReLA vs softmax attention", RELA_GROUP, rela_lengths),
-        ("encoder", "RoBERTa encoder, 2 layers, hidden 768, 12 heads", ENCODER_GROUP, encoder_lengths),
-    ]
-    if selected is not None:
-        groups = [(stem, title, [c for c in contenders if c.name in selected], lengths)
-                  for stem, title, contenders, lengths in groups]
-        groups = [group for group in groups if group[2]]
-    for _, title, contenders, lengths in groups:
-        print(f"\n# {title}", flush=True)
-        for length in lengths:
-            for mode in MODES:
-                for contender in contenders:
-                    if mode in contender.modes:
-                        bench.measure(contender, mode, length)
-
-    sections = [
-        "# Attention benchmark (CPU)",
-        "",
-        f"`python benchmarks/bench_attention.py{' '.join(['', *(argv if argv is not None else sys.argv[1:])])}` — "
-        f"{environment}. "
-        f"Total {time.perf_counter() - started:.0f} s; 1-min load average {load_start:.1f} at the start, "
-        f"{os.getloadavg()[0]:.1f} at the end (a load above the core count means other processes shared the "
-        "cores and times are inflated). Method: see the script's docstring (median of runs after a "
-        "warm-up; peak memory = kernel VmHWM growth over the inputs, reset before every run).",
-        "",
-        bars_table(bars(bench)),
-        f"sliced_relu fwd+bwd peak-memory log-log slope: {memory_slope(bench, 'sliced_relu', sliced_lengths)}; "
-        f"sliced_relu_bump: {memory_slope(bench, 'sliced_relu_bump', sliced_lengths)}; "
-        f"rela: {memory_slope(bench, 'rela', rela_lengths)}.",
-        "",
-    ]
-    for stem, title, contenders, lengths in groups:
-        sections.append(group_tables(bench, title, contenders, lengths))
-        plot_group(bench, stem, title, contenders, lengths, output)
-    report = "\n".join(sections)
-    print("\n" + report)
-    (output / "attention.md").write_text(report)
-    raw = {
-        "environment": environment,
-        "points": [
-            {"contender": n, "mode": m, "T": t, **(p.__dict__ if isinstance(p, Point) else {"status": p})}
-            for (n, m, t), p in bench.points.items()
-        ],
-    }
-    (output / "attention.json").write_text(json.dumps(raw, indent=1) + "\n")
-    print(f"wrote {output}/attention.md, attention.json and *_time.png / *_memory.png")
+    bench, measured = Bench(max_reps=3 if args.quick else 7), groups(args.quick, args.contenders)
+    measure_groups(bench, measured)
+    run.finish()
+    markdown = report(run, bench, measured)
+    print("\n" + markdown)
+    args.output.mkdir(parents=True, exist_ok=True)
+    for group in measured:
+        plot_group(bench, group, args.output)
+    points = [{"contender": name, "mode": mode, **record}
+              for (name, mode), series in bench.series.items() for record in series.records()]
+    write_results(args.output, "attention", markdown, {"environment": run.record(), "points": points})
     return 0
 
 

@@ -20,18 +20,15 @@ each piece of the layer runs forward, then backward from a fixed random gradient
   the op and the output); ``layer_formed``: the same forming q and k (within ``observe_attention``).
 
 Each piece's time is the median of ``--repeats`` runs (``time.perf_counter``) after one warm-up, the
-pieces of a contender and shape taking turns run by run; the
+pieces of a contender and shape taking turns run by run (``benchmarks/_harness.py``); the
 "per step" column multiplies it by the number of layers (every layer has this shape). Results:
 printed and written to ``<output>/attention_layer.md`` and ``attention_layer.json`` (``<output>`` =
-``benchmarks/results`` unless ``--output``), with the command, versions, threads and commit.
+``benchmarks/results`` unless ``--output``), with the command, commit, date, versions, CPU and threads.
 """
 
 from __future__ import annotations
 
-import json
-import statistics
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -39,7 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 
 import torch  # noqa: E402
 
-from benchmarks._report import environment  # noqa: E402
+from benchmarks._harness import Run, interleaved, write_results  # noqa: E402
 from benchmarks.bench_training_step import build_model, make_batch, parse_arguments, parse_shapes  # noqa: E402
 from hf_sliced_attn.attention import observe_attention  # noqa: E402
 from hf_sliced_attn.ops import sliced_relu, value_mean  # noqa: E402
@@ -113,44 +110,30 @@ def pieces(inputs: dict) -> dict[str, Callable[[], None]]:
     return {**runs, "layer": layer, "layer_formed": layer_formed}
 
 
-def median_seconds(runs: dict[str, Callable[[], None]], repeats: int) -> dict[str, float]:
-    """Each run's median time; after one warm-up each, the runs take turns (one of each per round),
-    so that a slow period of a shared machine slows them alike."""
-    seconds: dict[str, list[float]] = {name: [] for name in runs}
-    for run in runs.values():
-        run()
-    for _ in range(repeats):
-        for name, run in runs.items():
-            start = time.perf_counter()
-            run()
-            seconds[name].append(time.perf_counter() - start)
-    return {name: statistics.median(times) for name, times in seconds.items()}
-
-
 def measure(shapes: list[tuple[int, int]], repeats: int) -> list[dict]:
+    """Every piece's median time per layer and per step, for each contender and shape."""
     records = []
     for name in CONTENDERS:
         model = build_model(name)
         layers = model.config.num_hidden_layers
         for batch_size, length in shapes:
             batch = make_batch(batch_size, length, model.config.vocab_size, model.config.pad_token_id)
-            for piece, seconds in median_seconds(pieces(layer_inputs(model, batch)), repeats).items():
+            for piece, point in interleaved(pieces(layer_inputs(model, batch)), repeats).items():
                 records.append({"contender": name, "shape": f"{batch_size}x{length}", "piece": piece,
-                                "layer_s": seconds, "layers": layers, "step_s": seconds * layers})
-                print(f"  {name:22s} {batch_size}x{length} {piece:17s} {seconds * 1e3:8.2f} ms per layer", flush=True)
+                                "layer_s": point.seconds, "layers": layers, "step_s": point.seconds * layers})
+                print(f"  {name:22s} {batch_size}x{length} {piece:17s} {point.seconds * 1e3:8.2f} ms per layer",
+                      flush=True)
     return records
 
 
-def report(header: dict, records: list[dict]) -> str:
+def report(run: Run, repeats: int, records: list[dict]) -> str:
+    """The markdown results file."""
     lines = [
         "# Where a sliced ReLU layer's time goes (CPU): all-MiniLM-L6-v2, forward+backward",
         "",
-        f"`{header['command']}` — torch {header['torch']}, transformers {header['transformers']}, "
-        f"{header['threads']} torch threads on {header['cpu_count']} cores, {header['source']}. "
-        f"Layer 0's input from a train() forward of the training-step benchmark's batch (a quarter of it "
-        f"padded on its second half); median of {header['repeats']} runs after 1 warm-up, the pieces taking "
-        f"turns; per step = "
-        f"per layer × the model's {records[0]['layers']} layers.",
+        f"{run.header()} Layer 0's input from a train() forward of the training-step benchmark's batch (a quarter "
+        f"of it padded on its second half); median of {repeats} runs after 1 warm-up, the pieces taking turns; per "
+        f"step = per layer × the model's {records[0]['layers']} layers.",
         "",
         "| contender | B×T | piece | per layer | per step |",
         "|---|---|---|---:|---:|",
@@ -163,15 +146,13 @@ def report(header: dict, records: list[dict]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_arguments(__doc__.split("\n\n")[0], argv, ("repeats", 15, "timed runs per piece"))
-    header = {**environment("bench_attention_layer.py", argv), "repeats": args.repeats}
+    run = Run(Path(__file__).name, argv)
     records = measure(parse_shapes(args.shapes), args.repeats)
-    markdown = report(header, records)
+    run.finish()
+    markdown = report(run, args.repeats, records)
     print("\n" + markdown)
-    args.output.mkdir(parents=True, exist_ok=True)
-    (args.output / "attention_layer.md").write_text(markdown)
-    (args.output / "attention_layer.json").write_text(
-        json.dumps({"environment": header, "results": records}, indent=1) + "\n")
-    print(f"wrote {args.output}/attention_layer.md and attention_layer.json")
+    write_results(args.output, "attention_layer", markdown,
+                  {"environment": {**run.record(), "repeats": args.repeats}, "results": records})
     return 0
 
 

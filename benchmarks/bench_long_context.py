@@ -33,9 +33,9 @@ and during the warm-up the calls to the plugin's softmax paths (``sdpa_attention
 are counted per forward. Both are written to the report and the JSON; a mismatch stops the run. When both ``sdpa_global`` and
 ``sdpa_stock`` run, their warm-up outputs (same seed, so the same weights) are compared.
 
-Time: ``time.perf_counter()`` around one forward. One warm-up forward per contender, at the
-smallest length only (a 128k forward takes minutes: no warm-up at long lengths); then the median
-of 3 runs for T < 16384, a single run from T = 16384 on. Each model is built once per contender
+Time (``benchmarks/_harness.py``): ``time.perf_counter()`` around one forward. One warm-up forward
+per contender, at the smallest length only (a 128k forward takes minutes: no warm-up at long
+lengths); then the median of 3 runs for T < 16384, a single run from T = 16384 on. Each model is built once per contender
 (``max_position_embeddings`` covers the largest T), and freed before the next contender.
 
 Peak memory: the growth of the process's resident-set high-water mark. Before each timed run,
@@ -52,10 +52,10 @@ moment; the larger T of that contender are then skipped too. a = 1.1 for the sli
 and 2 for those with quadratic global layers (rela_global, sdpa_global, sdpa_stock); b = 1, except
 sdpa_stock, b = 2 (its dense masks).
 
-Results: the tables are printed and written to ``<output>/long_context.md`` (command, environment,
-commit, total time, load average at the start and end; bars; time and peak memory per T and
-contender; time ratios against sliced_relu_global; what each contender's layers ran), the raw
-numbers to ``long_context.json`` and a log-log plot (time vs T, peak memory vs T) to
+Results: the tables are printed and written to ``<output>/long_context.md`` (command, commit, date,
+versions, CPU, threads, total time, load average at the start and end; bars; time and peak memory
+per T and contender; time ratios against sliced_relu_global; what each contender's layers ran), the
+raw numbers and the same environment to ``long_context.json`` and a log-log plot (time vs T, peak memory vs T) to
 ``long_context.png``. ``<output>`` is ``benchmarks/results`` unless ``--output`` is given. Bars:
 peak(131072) / peak(32768) for sliced_relu_global (linear = 4, required <= 4.6) and, at T = 65536,
 sdpa_global time / sliced_relu_global time (required >= 4), each PASS, FAIL or "not measured".
@@ -75,14 +75,10 @@ Commands::
 from __future__ import annotations
 
 import argparse
-import json
+import functools
 import os
-import platform
-import shlex
-import statistics
 import sys
-import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -90,13 +86,34 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
-import psutil  # noqa: E402
 import torch  # noqa: E402
 from transformers import AutoModel, ModernBertConfig  # noqa: E402
 
 import hf_sliced_attn  # noqa: E402
-from benchmarks._report import Bar, fmt_bytes, fmt_time, reset_peak, source_state, status_kib  # noqa: E402
 import hf_sliced_attn.attention as plugin_attention  # noqa: E402
+from benchmarks._harness import (  # noqa: E402
+    RESULTS,
+    Bar,
+    Budget,
+    CheckFailed,
+    Growth,
+    Panel,
+    Point,
+    Run,
+    Series,
+    attempt,
+    bars_table,
+    choice_list,
+    fmt_bytes,
+    fmt_ratio,
+    fmt_time,
+    int_list,
+    measure_point,
+    plot_loglog,
+    point_ratio,
+    timed,
+    write_results,
+)
 from hf_sliced_attn.attention import LAYER_MODE_ATTR, SOFTMAX, observe_attention  # noqa: E402
 
 LENGTHS = (4096, 16384, 32768, 65536, 131072)
@@ -105,7 +122,6 @@ SINGLE_RUN_FROM = 16384
 REPS = 3
 MEMORY_FRACTION = 0.8
 TIME_LIMIT_S = 1800.0
-RESULTS = Path(__file__).resolve().parent / "results"
 STEM = "long_context"
 VOCAB_SIZE = 50368
 SUBJECT, BASELINE = "sliced_relu_global", "sdpa_global"
@@ -114,23 +130,24 @@ SUBJECT, BASELINE = "sliced_relu_global", "sdpa_global"
 @dataclass(frozen=True)
 class Contender:
     """An encoder variant. ``mechanism`` None is stock transformers with ``attn_implementation="sdpa"``;
-    ``time_exp`` and ``memory_exp`` are the exponents used to predict the next point for skipping."""
+    ``growth`` predicts the next point for skipping."""
 
     name: str
     mechanism: str | None
     options: dict[str, Any]
-    time_exp: float
-    memory_exp: float
+    growth: Growth
     global_mode: str | None  # the expected hf_sliced_attn_mode of the global / local layers (None: no mark)
     local_mode: str | None
 
 
+N_LOG_N = Growth(time=1.1, memory=1.0)
+QUADRATIC_TIME = Growth(time=2.0, memory=1.0)
 CONTENDERS = [
-    Contender("sliced_relu_global", "sliced_relu", {}, 1.1, 1.0, "sliced_relu", SOFTMAX),
-    Contender("rela_global", "rela", {}, 2.0, 1.0, "rela", SOFTMAX),
-    Contender("sliced_relu_all", "sliced_relu", {"layers": "all"}, 1.1, 1.0, "sliced_relu", "sliced_relu"),
-    Contender("sdpa_global", "sliced_relu", {"layers": []}, 2.0, 1.0, SOFTMAX, SOFTMAX),
-    Contender("sdpa_stock", None, {}, 2.0, 2.0, None, None),
+    Contender("sliced_relu_global", "sliced_relu", {}, N_LOG_N, "sliced_relu", SOFTMAX),
+    Contender("rela_global", "rela", {}, QUADRATIC_TIME, "rela", SOFTMAX),
+    Contender("sliced_relu_all", "sliced_relu", {"layers": "all"}, N_LOG_N, "sliced_relu", "sliced_relu"),
+    Contender("sdpa_global", "sliced_relu", {"layers": []}, QUADRATIC_TIME, SOFTMAX, SOFTMAX),
+    Contender("sdpa_stock", None, {}, Growth(time=2.0, memory=2.0), None, None),
 ]
 BY_NAME = {c.name: c for c in CONTENDERS}
 
@@ -174,10 +191,6 @@ def describe_layers(model: torch.nn.Module) -> list[dict[str, Any]]:
     ]
 
 
-class CheckFailed(RuntimeError):
-    """A model does not run what its contender claims: the run stops."""
-
-
 def check_layers(contender: Contender, layers: list[dict[str, Any]]) -> None:
     """Every layer carries the mark and modules the contender means; raise CheckFailed otherwise."""
     for layer in layers:
@@ -196,8 +209,8 @@ def count_attention_calls() -> Iterator[dict[str, int]]:
     counts = {"sdpa_attention_forward": 0, "windowed_softmax": 0, "mechanism": 0}
     originals = {name: getattr(plugin_attention, name) for name in ("sdpa_attention_forward", "windowed_softmax")}
 
-    def counting(name: str):
-        def wrapper(*args: Any, **kwargs: Any):
+    def counting(name: str) -> Callable[..., Any]:
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
             counts[name] += 1
             return originals[name](*args, **kwargs)
         return wrapper
@@ -232,52 +245,11 @@ def expected_calls(contender: Contender, layers: list[dict[str, Any]]) -> dict[s
 
 # --------------------------------------------------------------------------- measuring
 
+
 def forward(model: torch.nn.Module, input_ids: torch.Tensor) -> torch.Tensor:
+    """One inference forward on ``input_ids`` (1, T) with an all-ones mask; the last hidden state."""
     with torch.inference_mode():
         return model(input_ids=input_ids, attention_mask=torch.ones_like(input_ids)).last_hidden_state
-
-
-@dataclass
-class Point:
-    """Median seconds per forward, the largest peak-memory growth in bytes, and every run's seconds."""
-
-    seconds: float
-    peak_bytes: int
-    runs: list[float] = field(default_factory=list)
-
-
-def timed_runs(model: torch.nn.Module, input_ids: torch.Tensor, reps: int) -> Point:
-    seconds, peaks = [], []
-    for _ in range(reps):
-        baseline = reset_peak()
-        start = time.perf_counter()
-        out = forward(model, input_ids)
-        seconds.append(time.perf_counter() - start)
-        peaks.append(max(0, status_kib("VmHWM") * 1024 - baseline))
-        del out
-    return Point(statistics.median(seconds), max(peaks), seconds)
-
-
-def skip_reason(contender: Contender, length: int, previous: tuple[int, Point | str] | None,
-                time_limit: float) -> str | None:
-    """Why the point at ``length`` is not run, from the contender's previous point; None to run it."""
-    if previous is None:
-        return None
-    prev_length, prev = previous
-    if prev == "skipped":
-        return "a smaller T was skipped"
-    if not isinstance(prev, Point):
-        return None
-    ratio = length / prev_length
-    seconds = prev.seconds * ratio**contender.time_exp
-    memory = prev.peak_bytes * ratio**contender.memory_exp
-    available = psutil.virtual_memory().available
-    if seconds > time_limit:
-        return f"predicted {seconds:.0f} s > {time_limit:.0f} s (time ~ T^{contender.time_exp:g} from T={prev_length})"
-    if memory > MEMORY_FRACTION * available:
-        return (f"predicted {memory / 2**30:.1f} GiB > {MEMORY_FRACTION:.0%} of {available / 2**30:.1f} GiB available "
-                f"(memory ~ T^{contender.memory_exp:g} from T={prev_length})")
-    return None
 
 
 @dataclass
@@ -288,107 +260,95 @@ class ContenderRecord:
     calls: dict[str, int] = field(default_factory=dict)
     expected_calls: dict[str, int] = field(default_factory=dict)
     build_seconds: float = 0.0
-    points: dict[int, Point | str] = field(default_factory=dict)
-    reasons: dict[int, str] = field(default_factory=dict)
+    series: Series = field(default_factory=Series)
 
 
-def log(name: str, length: int, text: str) -> None:
-    print(f"  {name:20s} T={length:7d}  {text}", flush=True)
+def warm_up(contender: Contender, record: ContenderRecord, model: torch.nn.Module, input_ids: torch.Tensor
+            ) -> torch.Tensor:
+    """The one warm-up forward, its attention calls counted and checked; returns its output."""
+    with count_attention_calls() as calls:
+        output = forward(model, input_ids)
+    record.calls = dict(calls)
+    if record.calls != record.expected_calls:
+        raise CheckFailed(f"{contender.name}: attention calls {record.calls}, expected {record.expected_calls}")
+    return output
 
 
 def run_contender(contender: Contender, args: argparse.Namespace, inputs: dict[int, torch.Tensor],
                   warmups: dict[str, torch.Tensor]) -> ContenderRecord:
     """Build the model once, check its layers, warm up at the smallest T, then measure every T."""
     record = ContenderRecord()
-    start = time.perf_counter()
-    model = build_model(contender, args, max(inputs))
-    record.build_seconds = time.perf_counter() - start
+    model, record.build_seconds = timed(lambda: build_model(contender, args, max(inputs)))
     record.layers = describe_layers(model)
     check_layers(contender, record.layers)
     record.expected_calls = expected_calls(contender, record.layers)
-    previous: tuple[int, Point | str] | None = None
-    for index, length in enumerate(sorted(inputs)):
-        reason = skip_reason(contender, length, previous, args.time_limit)
-        if reason is not None:
-            log(contender.name, length, f"skipped ({reason})")
-            record.points[length], record.reasons[length] = "skipped", reason
-            previous = (length, "skipped")
-            continue
-        try:
-            if index == 0:  # the one warm-up, with the attention calls counted
-                with count_attention_calls() as calls:
-                    warmups[contender.name] = forward(model, inputs[length])
-                record.calls = dict(calls)
-                if record.calls != record.expected_calls:
-                    raise CheckFailed(f"{contender.name}: attention calls {record.calls}, expected {record.expected_calls}")
-            point = timed_runs(model, inputs[length], 1 if length >= SINGLE_RUN_FROM else REPS)
-        except CheckFailed:
-            raise
-        except Exception as error:  # noqa: BLE001  (a failing contender must not stop the others)
-            log(contender.name, length, f"error: {type(error).__name__}: {error}")
-            record.points[length], record.reasons[length] = "error", f"{type(error).__name__}: {error}"
-            previous = (length, "error")
-            continue
-        record.points[length] = point
-        previous = (length, point)
-        log(contender.name, length, f"{fmt_time(point.seconds):>9s}  peak +{fmt_bytes(point.peak_bytes):>9s}  "
-            f"({len(point.runs)} run{'s' if len(point.runs) > 1 else ''})")
-    del model
-    reset_peak()  # hand the model's memory back before the next contender
-    return record
+    budget = Budget(seconds=args.time_limit, memory_fraction=MEMORY_FRACTION)
+
+    def measure(length: int) -> Point:
+        if length == min(inputs):
+            warmups[contender.name] = warm_up(contender, record, model, inputs[length])
+        return measure_point(lambda: forward(model, inputs[length]), 1 if length >= SINGLE_RUN_FROM else REPS,
+                             warm_up=False)
+
+    for length in sorted(inputs):
+        attempt(record.series, length, functools.partial(measure, length), contender.growth, budget,
+                f"{contender.name:20s}")
+    return record  # the model is freed here, and its memory handed back by the next run's reset_peak
+
+
+def run_all(args: argparse.Namespace) -> tuple[dict[str, ContenderRecord], dict[str, torch.Tensor]]:
+    """Every contender on the same inputs (seeded by T); their records and warm-up outputs."""
+    inputs = {t: torch.randint(0, VOCAB_SIZE, (1, t), generator=torch.Generator().manual_seed(t))
+              for t in args.lengths}
+    records: dict[str, ContenderRecord] = {}
+    warmups: dict[str, torch.Tensor] = {}
+    for name in args.contenders:
+        print(f"\n# {name}", flush=True)
+        records[name] = run_contender(BY_NAME[name], args, inputs, warmups)
+    return records, warmups
 
 
 # --------------------------------------------------------------------------- reporting
 
 
 def _point(records: dict[str, ContenderRecord], name: str, length: int) -> Point | None:
-    point = records[name].points.get(length) if name in records else None
-    return point if isinstance(point, Point) else None
-
-
-def _cell(records: dict[str, ContenderRecord], name: str, length: int, attr: str) -> str:
-    point = records[name].points.get(length, "–")
-    if not isinstance(point, Point):
-        return point
-    return fmt_time(point.seconds) if attr == "seconds" else fmt_bytes(point.peak_bytes)
-
-
-def _ratio(num: Point | None, den: Point | None, attr: str = "seconds") -> float | None:
-    if num is None or den is None or getattr(den, attr) <= 0:
-        return None
-    return getattr(num, attr) / getattr(den, attr)
+    """The contender's measured point at ``length``; None where it was not run or not measured."""
+    return records[name].series.get(length) if name in records else None
 
 
 def bars(records: dict[str, ContenderRecord]) -> list[Bar]:
+    """The acceptance bars: linear memory to 128k, and the 64k end-to-end speed-up over sdpa_global."""
     return [
         Bar(f"{SUBJECT} peak memory: peak(131072) / peak(32768) (linear = 4)",
-            _ratio(_point(records, SUBJECT, 131072), _point(records, SUBJECT, 32768), "peak_bytes"), 4.6, False),
+            point_ratio(_point(records, SUBJECT, 131072), _point(records, SUBJECT, 32768), "peak_bytes"), 4.6, False),
         Bar(f"T=65536, end to end: {BASELINE} time / {SUBJECT} time",
-            _ratio(_point(records, BASELINE, 65536), _point(records, SUBJECT, 65536)), 4, True),
+            point_ratio(_point(records, BASELINE, 65536), _point(records, SUBJECT, 65536)), 4, True),
     ]
 
 
 def tables(records: dict[str, ContenderRecord], lengths: list[int]) -> str:
+    """Markdown: time and peak memory per T and contender, then time ratios against ``SUBJECT``."""
     names = list(records)
     head = "| T | " + " | ".join(names) + " |\n|---:|" + "---:|" * len(names)
     out = []
-    for title, attr in (("Time per forward (median of 3 below T=16384, one run from 16384)", "seconds"),
-                        ("Peak memory (resident-set growth over the weights and inputs)", "peak_bytes")):
-        rows = [f"| {t} | " + " | ".join(_cell(records, n, t, attr) for n in names) + " |" for t in lengths]
+    for title, formatter in (
+            ("Time per forward (median of 3 below T=16384, one run from 16384)", lambda p: fmt_time(p.seconds)),
+            ("Peak memory (resident-set growth over the weights and inputs)", lambda p: fmt_bytes(p.peak_bytes))):
+        rows = [f"| {t} | " + " | ".join(records[n].series.cell(t, formatter) for n in names) + " |" for t in lengths]
         out += [f"## {title}", "", head, *rows, ""]
-    others = [n for n in (BASELINE, *names) if n in records and n != SUBJECT]
-    others = list(dict.fromkeys(others))
+    others = list(dict.fromkeys(n for n in (BASELINE, *names) if n in records and n != SUBJECT))
     if SUBJECT in records and others:
         out += [f"## Time ratios: other's time / {SUBJECT}'s time", "",
                 "| T | " + " | ".join(f"{o} / {SUBJECT}" for o in others) + " |", "|---:|" + "---:|" * len(others)]
         for t in lengths:
-            ratios = [_ratio(_point(records, o, t), _point(records, SUBJECT, t)) for o in others]
-            out.append(f"| {t} | " + " | ".join("–" if r is None else f"{r:.2f}×" for r in ratios) + " |")
+            ratios = [fmt_ratio(point_ratio(_point(records, o, t), _point(records, SUBJECT, t))) for o in others]
+            out.append(f"| {t} | " + " | ".join(ratios) + " |")
         out.append("")
     return "\n".join(out)
 
 
 def layers_section(records: dict[str, ContenderRecord]) -> str:
+    """Markdown: what each contender's global and local layers ran, and the calls counted in its warm-up."""
     out = ["## What each contender's layers ran (checked)", "",
            "Modes: the `hf_sliced_attn_mode` mark of the global / local layers (– = no mark: stock transformers). "
            "Calls: counted in the warm-up forward (plugin's SDPA path, plugin's banded windowed softmax, "
@@ -408,60 +368,21 @@ def layers_section(records: dict[str, ContenderRecord]) -> str:
 
 
 def notes(records: dict[str, ContenderRecord], sanity: str | None) -> str:
-    out = []
-    if sanity:
-        out.append(f"- {sanity}")
+    """Markdown: the same-computation check and why each point without a time has none."""
+    out = [f"- {sanity}"] if sanity else []
     for name, record in records.items():
-        for length, reason in record.reasons.items():
-            out.append(f"- {name} T={length}: {record.points[length]} ({reason})")
+        for length, reason in record.series.reasons.items():
+            out.append(f"- {name} T={length}: {record.series.points[length]} ({reason})")
     return ("## Notes\n\n" + "\n".join(out) + "\n") if out else ""
-
-
-def plot(records: dict[str, ContenderRecord], lengths: list[int], path: Path, title: str) -> None:
-    """Two log-log panels: time vs T and peak memory vs T, one line per contender."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2), constrained_layout=True)
-    for ax, attr, scale, unit in ((axes[0], "seconds", 1.0, "s per forward"), (axes[1], "peak_bytes", 2**-20, "MiB peak")):
-        for name in records:
-            xs = [t for t in lengths if _point(records, name, t)]
-            if xs:
-                ax.plot(xs, [getattr(_point(records, name, t), attr) * scale for t in xs], marker="o", label=name)
-        ax.set_xscale("log", base=2)
-        ax.set_yscale("log")
-        ax.set_xlabel("sequence length T")
-        ax.set_ylabel(unit)
-        ax.grid(True, which="both", alpha=0.3)
-        ax.legend()
-    axes[0].set_title("time per forward")
-    axes[1].set_title("peak memory")
-    fig.suptitle(title)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
 
 
 # --------------------------------------------------------------------------- main
 
 
-def _int_list(text: str) -> list[int]:
-    return sorted({int(part) for part in text.split(",") if part.strip()})
-
-
-def _contender_list(text: str) -> list[str]:
-    names = [part.strip() for part in text.split(",") if part.strip()]
-    unknown = [n for n in names if n not in BY_NAME]
-    if unknown:
-        raise argparse.ArgumentTypeError(f"unknown contenders {unknown}; choose from {', '.join(BY_NAME)}")
-    return names
-
-
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--lengths", type=_int_list, default=list(LENGTHS), help="comma-separated T (default 4096..131072)")
-    parser.add_argument("--contenders", type=_contender_list, default=list(BY_NAME),
+    parser.add_argument("--lengths", type=int_list, default=list(LENGTHS), help="comma-separated T (default 4096..131072)")
+    parser.add_argument("--contenders", type=choice_list(BY_NAME), default=list(BY_NAME),
                         help=f"comma-separated subset of {', '.join(BY_NAME)}")
     parser.add_argument("--time-limit", type=float, default=TIME_LIMIT_S, help="skip a point predicted above this (s)")
     parser.add_argument("--output", type=Path, default=RESULTS, help="results directory (default benchmarks/results)")
@@ -482,76 +403,59 @@ def sanity_line(warmups: dict[str, torch.Tensor], smallest: int) -> str | None:
             "(same seed, same weights; the plugin's softmax path against transformers' own).")
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    args.output.mkdir(parents=True, exist_ok=True)
-    torch.set_num_threads(args.threads)
-    command = shlex.join(["python", "benchmarks/bench_long_context.py", *(sys.argv[1:] if argv is None else argv)])
-    environment = (
-        f"torch {torch.__version__}, {platform.processor() or platform.machine()}, {os.cpu_count()} cores "
-        f"({torch.get_num_threads()} torch thread{'s' if torch.get_num_threads() > 1 else ''}), "
-        f"{psutil.virtual_memory().total / 2**30:.0f} GiB RAM, "
-        f"Python {platform.python_version()}; {source_state()}"
-    )
-    load_start = os.getloadavg()[0]
-    print(f"`{command}` — {environment}; load average {load_start:.1f}", flush=True)
-    lengths = args.lengths
-    inputs = {t: torch.randint(0, VOCAB_SIZE, (1, t), generator=torch.Generator().manual_seed(t)) for t in lengths}
-    started = time.perf_counter()
-    records: dict[str, ContenderRecord] = {}
-    warmups: dict[str, torch.Tensor] = {}
-    for name in args.contenders:
-        print(f"\n# {name}", flush=True)
-        records[name] = run_contender(BY_NAME[name], args, inputs, warmups)
-    total = time.perf_counter() - started
-    load_end = os.getloadavg()[0]
-    sanity = sanity_line(warmups, lengths[0])
-    shape = (f"{args.layers} layers ({sum(t == 'full_attention' for t in encoder_config(args, 1).layer_types)} global, "
-             f"window 128 on the others), hidden {args.hidden_size}, {args.heads} heads, FFN {args.intermediate_size}, "
-             f"vocab {VOCAB_SIZE}")
-    bar_list = bars(records)
-    report = "\n".join([
+def encoder_shape(args: argparse.Namespace) -> str:
+    """The encoder's shape in words."""
+    global_layers = sum(t == "full_attention" for t in encoder_config(args, 1).layer_types)
+    return (f"{args.layers} layers ({global_layers} global, window 128 on the others), hidden {args.hidden_size}, "
+            f"{args.heads} heads, FFN {args.intermediate_size}, vocab {VOCAB_SIZE}")
+
+
+def report(run: Run, args: argparse.Namespace, records: dict[str, ContenderRecord], sanity: str | None) -> str:
+    """The markdown results file."""
+    return "\n".join([
         "# Long-context encoder benchmark (CPU inference)",
         "",
-        f"`{command}` — {environment}. Total {total:.0f} s; 1-min load average {load_start:.1f} at the start, "
-        f"{load_end:.1f} at the end (above the core count, other processes shared the cores and times are inflated). "
-        f"Encoder: ModernBERT architecture, random weights, {shape}; float32, batch 1, one forward under "
-        "torch.inference_mode(), all-ones attention mask. Method: see the script's docstring (one warm-up at the "
-        "smallest T; peak memory = kernel VmHWM growth, reset before every run).",
+        f"{run.header()} Encoder: ModernBERT architecture, random weights, {encoder_shape(args)}; float32, batch 1, "
+        "one forward under torch.inference_mode(), all-ones attention mask. Method: see the script's docstring (one "
+        "warm-up at the smallest T; peak memory = kernel VmHWM growth, reset before every run).",
         "",
-        "## Bars",
-        "",
-        "| bar | measured | required | verdict |",
-        "|---|---:|---:|---|",
-        *[b.row() for b in bar_list],
-        "",
-        tables(records, lengths),
+        bars_table(bars(records)),
+        tables(records, args.lengths),
         layers_section(records),
         notes(records, sanity),
     ])
-    print("\n" + report)
-    (args.output / f"{STEM}.md").write_text(report)
-    raw = {
-        "command": command, "environment": environment, "total_seconds": total,
-        "load_average": {"start": load_start, "end": load_end}, "encoder": shape, "lengths": lengths,
+
+
+def raw_results(run: Run, args: argparse.Namespace, records: dict[str, ContenderRecord], sanity: str | None
+                ) -> dict[str, object]:
+    """What the JSON file holds: the environment, each contender's model, every point, the bars."""
+    return {
+        "environment": run.record(), "encoder": encoder_shape(args), "lengths": args.lengths,
         "contenders": {
             name: {"layers": r.layers, "calls": r.calls, "expected_calls": r.expected_calls,
-                   "build_seconds": r.build_seconds, "time_exp": BY_NAME[name].time_exp,
-                   "memory_exp": BY_NAME[name].memory_exp}
+                   "build_seconds": r.build_seconds, "growth": asdict(BY_NAME[name].growth)}
             for name, r in records.items()
         },
-        "points": [
-            {"contender": name, "T": t, **(asdict(p) if isinstance(p, Point) else {"status": p, "reason": r.reasons[t]})}
-            for name, r in records.items() for t, p in r.points.items()
-        ],
-        "bars": [{"bar": b.description, "value": b.value, "threshold": b.threshold,
-                  "at_least": b.at_least, "verdict": b.verdict} for b in bar_list],
+        "points": [{"contender": name, **point} for name, r in records.items() for point in r.series.records()],
+        "bars": [bar.record() for bar in bars(records)],
         "sanity": sanity,
     }
-    (args.output / f"{STEM}.json").write_text(json.dumps(raw, indent=1) + "\n")
-    plot(records, lengths, args.output / f"{STEM}.png",
-         f"ModernBERT encoder, {args.layers} layers, hidden {args.hidden_size}: CPU inference, float32, batch 1")
-    print(f"wrote {args.output}/{STEM}.md, {STEM}.json and {STEM}.png")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    torch.set_num_threads(args.threads)
+    run = Run(Path(__file__).name, argv)
+    records, warmups = run_all(args)
+    run.finish()
+    sanity = sanity_line(warmups, args.lengths[0])
+    markdown = report(run, args, records, sanity)
+    print("\n" + markdown)
+    write_results(args.output, STEM, markdown, raw_results(run, args, records, sanity))
+    time_panel = Panel("time per forward", "s per forward", "seconds", {n: r.series for n, r in records.items()})
+    memory_panel = Panel("peak memory", "MiB peak", "peak_bytes", {n: r.series for n, r in records.items()})
+    plot_loglog(args.output / f"{STEM}.png", f"ModernBERT encoder, {args.layers} layers, hidden {args.hidden_size}: "
+                "CPU inference, float32, batch 1", [time_panel, memory_panel])
     return 0
 
 

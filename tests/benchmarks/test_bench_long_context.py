@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from benchmarks._harness import Budget, Point, Series, skip_reason
+
 SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_long_context.py"
 LENGTHS = [128, 256]
 
@@ -65,11 +67,10 @@ def test_sdpa_global_is_softmax_everywhere_and_sliced_relu_global_only_on_global
     assert float(raw["sanity"].split("= ")[1].split(" ")[0]) < 1e-5
 
 
-def test_a_point_predicted_over_the_limits_is_skipped_and_so_are_larger_ones():
+def test_the_contenders_growth_decides_what_is_skipped():
+    """From the same point, the quadratic contender is predicted over the limit where the sliced one is not."""
     sliced, stock = bench.BY_NAME["sliced_relu_global"], bench.BY_NAME["sdpa_stock"]
-    point = bench.Point(seconds=100.0, peak_bytes=2**20)
-    assert bench.skip_reason(sliced, 8192, (4096, point), time_limit=900) is None
-    assert "predicted" in bench.skip_reason(stock, 16384, (4096, point), time_limit=900)  # 100 s x 4^2
-    huge = bench.Point(seconds=1.0, peak_bytes=2**40)
-    assert "available" in bench.skip_reason(sliced, 8192, (4096, huge), time_limit=900)
-    assert bench.skip_reason(sliced, 8192, (4096, "skipped"), time_limit=900) == "a smaller T was skipped"
+    series = Series({4096: Point(seconds=100.0, runs=[100.0], peak_bytes=2**20)})
+    budget = Budget(seconds=900, memory_fraction=bench.MEMORY_FRACTION)
+    assert skip_reason(series, 16384, sliced.growth, budget) is None  # 100 s x 4^1.1
+    assert "predicted 1600 s > 900 s" in skip_reason(series, 16384, stock.growth, budget)  # 100 s x 4^2
