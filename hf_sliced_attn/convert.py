@@ -27,11 +27,10 @@ from typing import TYPE_CHECKING, Any
 from accelerate import Accelerator
 from accelerate.utils import set_seed
 from peft import PeftModel
-from transformers import AutoModel, AutoTokenizer, PretrainedConfig, PreTrainedModel
+from transformers import AutoModel, AutoTokenizer, PretrainedConfig
 
 from .conversion.cards import base_model_license, render_conversion_card
 from .conversion.converted_folder import CHECKPOINT_DIR, REFERENCE_TEXTS, REPORT_NAME, save_converted
-from .conversion.fidelity import measure_fidelity
 from .conversion.model_sources import hub_id_of, load_model_config, source_name
 from .conversion.pipeline import TransferRecord, transfer_and_select
 from .conversion.sentence_transformers_files import copy_sentence_transformers_files, sentence_transformers_folder
@@ -161,18 +160,6 @@ def _texts(options: ConvertOptions) -> tuple[list[str], list[str], str | None]:
     return split_heldout(texts, heldout, fraction=options.heldout_fraction, seed=options.seed)
 
 
-def _fidelity_before(options: ConvertOptions, source: PretrainedConfig, transfer: TransferConfig,
-                     record: TransferRecord, teacher: PreTrainedModel, tokenizer: Any,
-                     heldout: list[str]) -> dict[str, Any]:
-    """The fidelity of an untrained student (the seed's fresh initialisation) converted on the layers that
-    the transfer kept converted: the baseline the report compares the trained one with."""
-    chosen = {**options.resolved_options(), "layers": record.converted_layers}
-    set_seed(options.seed)
-    untrained = build_student(options, prepare_config(copy.deepcopy(source), options.mechanism, **chosen), transfer)
-    return measure_fidelity(teacher, untrained.to(teacher.device), tokenizer, heldout,
-                            layers=record.converted_layers, max_length=options.max_length)
-
-
 def convert(options: ConvertOptions, on_step: Callable[[int, float], None] | None = None) -> ConversionResult:
     """Run the conversion described by ``options`` and write the output folder.
 
@@ -197,15 +184,13 @@ def convert(options: ConvertOptions, on_step: Callable[[int, float], None] | Non
     student, record = transfer_and_select(
         accelerator, teacher, student, batches, transfer, tokenizer=tokenizer, ranking_texts=train_texts,
         max_length=options.max_length, context=options.fingerprint_context(), checkpoint_dir=output / CHECKPOINT_DIR,
-        resume=options.resume, on_step=on_step, description=f"convert to {options.mechanism}")
+        fidelity_texts=heldout_texts, resume=options.resume, on_step=on_step,
+        description=f"convert to {options.mechanism}")
     if accelerator.is_main_process:
-        before = _fidelity_before(options, source, transfer, record, teacher, tokenizer, heldout_texts)
-        after = measure_fidelity(teacher, student, tokenizer, heldout_texts, layers=record.converted_layers,
-                                 max_length=options.max_length)
         reference = save_converted(student, tokenizer, output, adapter_only=options.adapter_only,
                                    reference_texts=heldout_texts[:REFERENCE_TEXTS], max_length=options.max_length)
-        report = _report(options, getattr(student.config, CONFIG_KEY), record, before, after,
-                         len(train_texts), len(heldout_texts), heldout_note, accelerator.num_processes)
+        report = _report(options, getattr(student.config, CONFIG_KEY), record, len(train_texts), heldout_note,
+                         accelerator.num_processes)
         report.update(reference=reference, license=base_model_license(options.model),
                       sentence_transformers=_keep_sentence_transformers_files(options, output))
         (output / REPORT_NAME).write_text(json.dumps(report, indent=2))
@@ -228,10 +213,11 @@ def _keep_sentence_transformers_files(options: ConvertOptions, output: Path) -> 
     return "kept"
 
 
-def _report(options: ConvertOptions, mechanism_options: dict[str, Any], record: TransferRecord,
-            before: dict[str, Any], after: dict[str, Any], num_train: int, num_heldout: int,
+def _report(options: ConvertOptions, mechanism_options: dict[str, Any], record: TransferRecord, num_train: int,
             heldout_note: str | None, num_processes: int) -> dict[str, Any]:
-    """The fidelity report (``fidelity.json``) without its reference outputs and license."""
+    """The fidelity report (``fidelity.json``) without its reference outputs and license. "before" is the
+    untrained student with every selected layer converted; "after" the result, on the layers kept converted."""
+    before, after = record.fidelity["before"], record.fidelity["after"]
     metrics = ("hidden_state_cosine", "embedding_cosine", "pairwise_spearman")
     return {
         "base_model": options.base_model_id or hub_id_of(options.model),
@@ -245,7 +231,7 @@ def _report(options: ConvertOptions, mechanism_options: dict[str, Any], record: 
                                      "mean_before": before["attention_relative_error_mean"],
                                      "mean_after": after["attention_relative_error_mean"]},
         **{name: {"before": before[name], "after": after[name]} for name in metrics},
-        "heldout": {"num_texts": num_heldout,
+        "heldout": {"num_texts": record.fidelity["texts"],
                     "source": [source_name(s) for s in options.heldout_text] if options.heldout_text else heldout_note},
         "training": {"num_texts": num_train, "text": [source_name(s) for s in options.text],
                      "datasets": [source for source in options.text if not Path(source).exists()],

@@ -102,7 +102,6 @@ from hf_sliced_attn.arguments import (add_mechanism_arguments, add_transfer_argu
                                       transfer_settings)
 from hf_sliced_attn.conversion.attention_taps import converted_layers
 from hf_sliced_attn.conversion.cards import base_model_license, render_glue_card
-from hf_sliced_attn.conversion.fidelity import measure_fidelity
 from hf_sliced_attn.conversion.hybrid import restore_softmax_layers
 from hf_sliced_attn.conversion.model_sources import ModelNotFoundError, hub_id_of, hub_offline, load_model_config
 from hf_sliced_attn.conversion.pipeline import transfer_and_select
@@ -645,7 +644,6 @@ def transfer_attention_step(args, accelerator: Accelerator, model, tokenizer, da
     model.to(accelerator.device).eval()  # no dropout: a transfer step depends on its batch only
     encoder, texts = model.base_model, text_inputs(data, "validation", FIDELITY_TEXTS)
     teacher = build_teacher(args.model_name_or_path).to(accelerator.device)
-    before = transfer_fidelity(args, teacher, encoder, tokenizer, texts, converted_layers(encoder))
     logger.info(f"***** Attention transfer to {args.attn_implementation} *****")
     logger.info(f"  {config}; converted layers = {converted_layers(encoder)}, texts = {len(processed['train'])}"
                 + (", resuming" if resuming == "transfer" else ""))
@@ -654,24 +652,19 @@ def transfer_attention_step(args, accelerator: Accelerator, model, tokenizer, da
         student, record = transfer_and_select(
             accelerator, teacher, student, transfer_batches(processed, tokenizer, encoder, config, args.seed), config,
             tokenizer=tokenizer, ranking_texts=text_inputs(data, "train", config.ranking_texts),
-            max_length=args.max_length, context=transfer_context(args, model, processed),
+            max_length=args.max_length, context=transfer_context(args, model, processed), fidelity_texts=texts,
             checkpoint_dir=transfer_checkpoint_dir(args), resume=resuming == "transfer")
     except (ValueError, FileNotFoundError) as err:  # a checkpoint of other settings, or none
         raise RecipeError(f"--resume_from_checkpoint: {err}") from err
     student.merge_and_unload()  # into the encoder, in place: the task model holds the trained weights
     model.requires_grad_(True)  # as loaded; fine-tuning (and --lora) decide what trains
     model.zero_grad(set_to_none=True)  # the last transfer step's gradients must not reach fine-tuning's first update
-    after = transfer_fidelity(args, teacher, encoder, tokenizer, texts, record.converted_layers)
-    summary = {**record.summary(), **fidelity_changes(before, after, len(texts))}
+    summary = record.summary()
     logger.info(f"Attention transfer done: {config.total_steps} steps in {record.wall_time_s:.1f} s; softmax kept on "
                 f"layers {record.softmax_layers}, {args.attn_implementation} on {record.converted_layers}; "
-                f"{describe_fidelity(summary)}")
+                f"{record.describe_fidelity()}")
     set_seed(args.seed)  # fine-tuning starts from the same random state, resumed transfer or not
     return summary
-
-
-FIDELITY_METRICS = ("attention_relative_error_mean", "hidden_state_cosine", "embedding_cosine", "pairwise_spearman")
-"""What :func:`hf_sliced_attn.conversion.fidelity.measure_fidelity` reports that the record keeps (before and after)."""
 
 
 def check_transfer_text(args, data: GlueData) -> None:
@@ -711,29 +704,6 @@ def text_inputs(data: GlueData, split: str, count: int) -> list:
         if len(texts) == count:
             break
     return texts
-
-
-def transfer_fidelity(args, teacher, encoder, tokenizer, texts: list, layers: list[int]) -> dict | None:
-    """:func:`hf_sliced_attn.conversion.fidelity.measure_fidelity` of the encoder (None with under 3 texts: no correlation)."""
-    if len(texts) < 3:
-        logger.warning(f"Only {len(texts)} non-empty validation text(s): the transfer's fidelity is not measured.")
-        return None
-    return measure_fidelity(teacher, encoder.eval(), tokenizer, texts, layers=layers, max_length=args.max_length)
-
-
-def describe_fidelity(record: dict) -> str:
-    if "fidelity_texts" not in record:
-        return "no fidelity measured"
-    changes = [f"{name} {record[name]['before']:.4f} -> {record[name]['after']:.4f}" for name in FIDELITY_METRICS]
-    return f"fidelity on {record['fidelity_texts']} validation texts: {', '.join(changes)}"
-
-
-def fidelity_changes(before: dict | None, after: dict | None, num_texts: int) -> dict:
-    """The fidelity the transfer reached, for the record: ``{measure: {"before", "after"}}`` and the text count."""
-    if before is None or after is None:
-        return {}
-    return {"fidelity_texts": num_texts, **{name: {"before": before[name], "after": after[name]}
-                                            for name in FIDELITY_METRICS}}
 
 
 # ----------------------------------------------------------------------------- evaluation

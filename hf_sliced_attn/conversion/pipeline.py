@@ -37,8 +37,12 @@ from .attention_taps import converted_layers
 from .fidelity import measure_fidelity
 from .hybrid import restore_softmax_layers, worst_layers
 from .settings import TransferConfig
-from .training_text import Batches
+from .training_text import MIN_HELDOUT_TEXTS, Batches
 from .transfer import saved_progress, train_stage, transfer_mode
+
+
+FIDELITY_MEASURES = ("attention_relative_error_mean", "hidden_state_cosine", "embedding_cosine", "pairwise_spearman")
+"""The fidelity measures a summary keeps, before and after."""
 
 
 @dataclass
@@ -54,9 +58,21 @@ class TransferRecord:
     """Attention error per converted layer after stage 1, on the ranking passages (None without a choice)."""
     wall_time_s: float
     """Training and ranking time, over every resumed run."""
+    fidelity: dict[str, Any] | None = None
+    """On the caller's ``fidelity_texts``: ``{"texts": N, "before": ..., "after": ...}``, each a
+    :func:`~hf_sliced_attn.conversion.fidelity.measure_fidelity` report (before: the fresh student, every
+    layer converted; after: the layers kept converted). None with fewer than ``MIN_HELDOUT_TEXTS``."""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+    def describe_fidelity(self) -> str:
+        """One line: each fidelity measure before -> after, or that none was measured."""
+        if self.fidelity is None:
+            return "no fidelity measured"
+        changes = ", ".join(f"{name} {self.fidelity['before'][name]:.4f} -> {self.fidelity['after'][name]:.4f}"
+                            for name in FIDELITY_MEASURES)
+        return f"fidelity on {self.fidelity['texts']} held-out texts: {changes}"
 
     def summary(self) -> dict[str, Any]:
         """The flat record a fine-tuning run keeps (all_results.json, its model card): the steps, the main
@@ -67,6 +83,10 @@ class TransferRecord:
         if self.softmax_layers:
             summary["softmax_layers"] = {"layers": self.softmax_layers, "attention_relative_error": self.ranking_error,
                                          "ranking_texts": config.ranking_texts}
+        if self.fidelity is not None:
+            summary["fidelity_texts"] = self.fidelity["texts"]
+            summary.update({name: {"before": self.fidelity["before"][name], "after": self.fidelity["after"][name]}
+                            for name in FIDELITY_MEASURES})
         return summary
 
 
@@ -81,20 +101,29 @@ def transfer_fingerprint(config: TransferConfig, context: Mapping[str, Any], acc
 def transfer_and_select(
     accelerator: Accelerator, teacher: nn.Module, student: PeftModel, batches: Batches, config: TransferConfig, *,
     tokenizer: PreTrainedTokenizerBase, ranking_texts: Sequence[str | tuple[str, str]], max_length: int,
-    context: Mapping[str, Any], checkpoint_dir: Path | None = None, resume: bool = False,
+    context: Mapping[str, Any], fidelity_texts: Sequence[str | tuple[str, str]] = (),
+    checkpoint_dir: Path | None = None, resume: bool = False,
     on_step: Callable[[int, float], None] | None = None, description: str = "attention transfer",
 ) -> tuple[PeftModel, TransferRecord]:
     """Transfer ``teacher``'s attention to ``student`` and keep softmax on the layers that transfer worst.
 
     ``teacher`` (frozen, sdpa) and ``student`` sit on ``accelerator.device``; ``batches`` gives each step's
     passages; ``ranking_texts`` (at least ``config.ranking_texts`` when available, training text) rank the
-    layers; ``context`` joins ``config`` in the fingerprint that a resumed run must match. Returns the
+    layers; ``fidelity_texts`` (held-out) measure the student before and after (:attr:`TransferRecord.fidelity`);
+    ``context`` joins ``config`` in the fingerprint that a resumed run must match. Returns the
     trained student (still peft-wrapped: the caller merges or saves the adapter) and the record.
     Raises FileNotFoundError (``resume`` without a checkpoint) or ValueError (other settings).
     """
     fingerprint = transfer_fingerprint(config, context, accelerator)
     state = saved_progress(checkpoint_dir, fingerprint) if resume else {"fingerprint": fingerprint, "step": 0}
     completed = state.pop("step")
+    measurable = len(fidelity_texts) >= MIN_HELDOUT_TEXTS
+
+    def fidelity() -> dict[str, Any]:
+        return measure_fidelity(teacher, student.eval(), tokenizer, list(fidelity_texts),
+                                layers=converted_layers(student), max_length=max_length)
+
+    before = fidelity() if measurable else None
     with transfer_mode(accelerator):
         if completed <= config.steps:
             student = train_stage(accelerator, teacher, student.eval(), batches, config, 1, completed=completed,
@@ -114,5 +143,6 @@ def transfer_and_select(
             student = train_stage(accelerator, teacher, student.eval(), batches, config, 2,
                                   completed=max(completed, config.steps), resume=resume and completed > config.steps,
                                   checkpoint_dir=checkpoint_dir, state=state, on_step=on_step, description=description)
-    record = TransferRecord(config, remaining, kept, state.get("ranking_error"), state.get("elapsed_s", 0.0))
+    record = TransferRecord(config, remaining, kept, state.get("ranking_error"), state.get("elapsed_s", 0.0),
+                            {"texts": len(fidelity_texts), "before": before, "after": fidelity()} if measurable else None)
     return student.eval(), record

@@ -11,6 +11,11 @@ import torch
 from transformers import PreTrainedTokenizerBase
 
 
+MIN_HELDOUT_TEXTS = 3
+"""Fewest held-out passages a fidelity report is measured on: the Spearman correlation of the pairwise
+similarities needs at least three pairs."""
+
+
 def load_texts(sources: Sequence[str], *, column: str = "text", split: str = "train") -> list[str]:
     """Passages from text files (one per non-empty line), saved datasets (``save_to_disk``
     folders) or dataset names/folders for :func:`datasets.load_dataset` (``column`` of ``split``)."""
@@ -54,8 +59,9 @@ def split_heldout(
     if not texts:
         raise ValueError("The training text is empty: give text files with one passage per line, or a dataset.")
     if heldout is not None:
-        if len(heldout) < 2:
-            raise ValueError("The held-out text needs at least 2 passages (the report correlates pairs).")
+        if len(heldout) < MIN_HELDOUT_TEXTS:
+            raise ValueError(f"The held-out text needs at least {MIN_HELDOUT_TEXTS} passages (the report correlates "
+                             f"pairs of them), got {len(heldout)}.")
         overlap = set(texts) & set(heldout)
         if overlap:
             example = next(iter(overlap))
@@ -65,7 +71,7 @@ def split_heldout(
             )
         return texts, heldout, None
     distinct = list(dict.fromkeys(texts))
-    count = max(2, round(fraction * len(distinct)))
+    count = max(MIN_HELDOUT_TEXTS, round(fraction * len(distinct)))
     if len(distinct) - count < 1:
         raise ValueError(f"Too little text to split off a held-out part ({len(distinct)} distinct passages).")
     order = list(range(len(distinct)))

@@ -10,7 +10,7 @@ from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import AutoModel, PreTrainedTokenizerFast
 
 import hf_sliced_attn
-from hf_sliced_attn import analysis
+from hf_sliced_attn.mechanisms.rela import analysis
 from hf_sliced_attn.mechanisms.rela.analysis import analyze_rela
 from hf_sliced_attn.analyze_cli import HEATMAP_NAME, JSON_NAME
 from hf_sliced_attn.cli import main as cli

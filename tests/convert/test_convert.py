@@ -132,7 +132,9 @@ def test_heldout_split_is_deterministic_and_disjoint():
     assert len(heldout) == 5 and not set(train) & set(heldout) and set(train) | set(heldout) == set(texts)
     assert "split off" in note
     with pytest.raises(ValueError, match="also appear in the training text"):
-        split_heldout(texts, ["passage 3", "new"], fraction=0.1, seed=0)
+        split_heldout(texts, ["passage 3", "new", "newer"], fraction=0.1, seed=0)
+    with pytest.raises(ValueError, match="at least 3 passages"):
+        split_heldout(texts, ["new", "newer"], fraction=0.1, seed=0)
 
 
 def test_fidelity_of_a_model_with_itself(tiny_roberta):
