@@ -147,7 +147,7 @@ def build_student(options: ConvertOptions, config: PretrainedConfig, transfer: T
     """``options.model`` built from ``config`` (prepared for the mechanism) with LoRA on its attention
     projections, in eval mode (no dropout: a step depends on its batch only)."""
     student = AutoModel.from_pretrained(options.model, config=copy.deepcopy(config)).eval()
-    return with_transfer_lora(student, transfer.lora_r, transfer.lora_alpha)
+    return with_transfer_lora(student, transfer.lora_r, transfer.lora_alpha, options.seed)
 
 
 def _texts(options: ConvertOptions) -> tuple[list[str], list[str], str | None]:

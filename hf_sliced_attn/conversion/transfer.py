@@ -99,13 +99,16 @@ def build_teacher(model: str) -> PreTrainedModel:
     return AutoModel.from_pretrained(model, attn_implementation="sdpa").eval().requires_grad_(False)
 
 
-def with_transfer_lora(student: PreTrainedModel, r: int, alpha: int) -> PeftModel:
+def with_transfer_lora(student: PreTrainedModel, r: int, alpha: int, seed: int) -> PeftModel:
     """``student`` with LoRA (rank ``r``) on its attention projections and the mechanism's modules
     trainable (peft ``modules_to_save``): what attention transfer trains. Everything else is frozen.
+    The adapters' initial weights are drawn from ``seed`` (torch's generators are seeded with it), so a
+    transfer's start does not depend on what the caller drew before (a task model's head, say).
     peft edits ``student`` in place, so a model that holds it (a task model around its encoder)
     gets the trained weights after ``merge_and_unload()``."""
     lora = LoraConfig(r=r, lora_alpha=alpha, lora_dropout=0.0, target_modules=lora_target_modules(student),
                       modules_to_save=modules_to_save(student))
+    torch.manual_seed(seed)
     return get_peft_model(student, lora)
 
 

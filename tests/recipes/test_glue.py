@@ -38,6 +38,9 @@ SAMPLE = REPO / "recipes" / "data" / "glue_sample"
 MECHANISMS = list(hf_sliced_attn.MECHANISMS)
 TASKS = ["cola", "sst2", "mrpc", "stsb", "qqp", "mnli", "qnli", "rte", "wnli"]
 
+sys.path.insert(0, str(RECIPE.parent))  # as running the script would: it imports glue_data from its folder
+import glue_data  # noqa: E402
+
 spec = importlib.util.spec_from_file_location("glue_recipe", RECIPE)
 glue = importlib.util.module_from_spec(spec)
 sys.modules[spec.name] = glue  # as an import would: the recipe's dataclasses look their module up there
@@ -90,12 +93,12 @@ def run(argv) -> dict:
     return json.loads((out / "all_results.json").read_text())
 
 
-def make_tiny(path: Path, dropout: float = 0.0, head_labels: int | None = None) -> Path:
+def make_tiny(path: Path, dropout: float = 0.0, head_labels: int | None = None, num_hidden_layers: int = 2) -> Path:
     from transformers import AutoTokenizer, BertConfig, BertForSequenceClassification, BertModel
 
     tokenizer = AutoTokenizer.from_pretrained(glue.default_model_path())
     torch.manual_seed(0)
-    config = BertConfig(vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+    config = BertConfig(vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=num_hidden_layers, num_attention_heads=4,
                         intermediate_size=64, max_position_embeddings=128, hidden_dropout_prob=dropout,
                         attention_probs_dropout_prob=dropout)
     if head_labels:  # a fine-tuned classifier
@@ -735,7 +738,7 @@ def test_presets_apply_and_flags_override():
 def test_local_glue_metric(config_name, preds, refs, expected):
     import evaluate
 
-    metric = evaluate.load(str(glue.GLUE_METRIC_DIR), config_name=config_name, keep_in_memory=True)
+    metric = evaluate.load(str(glue_data.GLUE_METRIC_DIR), config_name=config_name, keep_in_memory=True)
     result = metric.compute(predictions=preds, references=refs)
     assert result.keys() == expected.keys()
     for key, value in expected.items():
