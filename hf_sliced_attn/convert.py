@@ -108,11 +108,11 @@ class ConvertOptions:
         return config
 
     def fingerprint_context(self) -> dict[str, Any]:
-        """What, besides the transfer settings, fixes the training trajectory (resuming checks it)."""
-        return {"model": self.model, "mechanism": self.mechanism, "options": self.resolved_options(),
-                "text": self.text, "heldout_text": self.heldout_text, "text_column": self.text_column,
-                "text_split": self.text_split, "heldout_fraction": self.heldout_fraction,
-                "max_length": self.max_length, "seed": self.seed}
+        """Where the model and the text come from, and the length: with the transfer settings, the student's
+        options and the seed (which the transfer adds itself), what fixes the trajectory that resuming checks."""
+        return {"model": self.model, "text": self.text, "heldout_text": self.heldout_text,
+                "text_column": self.text_column, "text_split": self.text_split,
+                "heldout_fraction": self.heldout_fraction, "max_length": self.max_length}
 
 
 @dataclass

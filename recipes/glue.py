@@ -494,7 +494,8 @@ def transfer_attention_step(args, accelerator: Accelerator, model, tokenizer, da
         student, record = transfer_and_select(
             accelerator, teacher, student, transfer_batches(processed, tokenizer, encoder, config, args.seed), config,
             tokenizer=tokenizer, ranking_texts=text_inputs(data, "train", config.ranking_texts),
-            max_length=args.max_length, context=transfer_context(args, model, processed), fidelity_texts=texts,
+            max_length=args.max_length, context={"model": args.model_name_or_path, "data": processed["train"]._fingerprint,
+                     "max_length": args.max_length}, fidelity_texts=texts,
             checkpoint_dir=transfer_checkpoint_dir(args), resume=resuming == "transfer")
     except (ValueError, FileNotFoundError) as err:  # a checkpoint of other settings, or none
         raise RecipeError(f"--resume_from_checkpoint: {err}") from err
@@ -525,12 +526,6 @@ def transfer_batches(processed: DatasetDict, tokenizer, encoder, config: Transfe
     accepted = inspect.signature(encoder.forward).parameters
     train = processed["train"].select_columns([c for c in processed["train"].column_names if c in accepted])
     return Batches(train, tokenizer, config.batch_size, seed)
-
-
-def transfer_context(args, model, processed: DatasetDict) -> dict:
-    """What, besides the transfer settings, fixes the transfer's trajectory: a resumed transfer must have the same."""
-    return {"model": args.model_name_or_path, "options": model.config.to_dict()[CONFIG_KEY],
-            "data": processed["train"]._fingerprint, "seed": args.seed, "max_length": args.max_length}
 
 
 def text_inputs(data: GlueData, split: str, count: int) -> list:

@@ -33,6 +33,7 @@ from peft import PeftModel
 from torch import nn
 from transformers import PreTrainedTokenizerBase
 
+from ..mechanisms import CONFIG_KEY
 from .attention_taps import converted_layers
 from .fidelity import measure_fidelity
 from .hybrid import restore_softmax_layers, worst_layers
@@ -90,10 +91,14 @@ class TransferRecord:
         return summary
 
 
-def transfer_fingerprint(config: TransferConfig, context: Mapping[str, Any], accelerator: Accelerator) -> str:
-    """A hash of what fixes a transfer's trajectory: its settings, the caller's ``context`` (JSON-ready:
-    model, mechanism options, data, seed, lengths) and the processes and precision."""
-    fixed = {"config": config.trajectory(), "context": dict(context), "processes": accelerator.num_processes,
+def transfer_fingerprint(config: TransferConfig, student: PeftModel, batches: Batches, context: Mapping[str, Any],
+                         accelerator: Accelerator) -> str:
+    """A hash of what fixes a transfer's trajectory: its settings, the student's mechanism and options, the batches'
+    seed, the caller's ``context`` (JSON-ready: where the model and the text come from, the lengths) and the
+    processes and precision."""
+    fixed = {"config": config.trajectory(), "attention": student.config._attn_implementation,
+             "options": getattr(student.config, CONFIG_KEY, None), "seed": batches.seed,
+             "context": dict(context), "processes": accelerator.num_processes,
              "precision": str(accelerator.mixed_precision)}
     return hashlib.sha256(json.dumps(fixed, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
@@ -110,11 +115,12 @@ def transfer_and_select(
     ``teacher`` (frozen, sdpa) and ``student`` sit on ``accelerator.device``; ``batches`` gives each step's
     passages; ``ranking_texts`` (at least ``config.ranking_texts`` when available, training text) rank the
     layers; ``fidelity_texts`` (held-out) measure the student before and after (:attr:`TransferRecord.fidelity`);
-    ``context`` joins ``config`` in the fingerprint that a resumed run must match. Returns the
+    ``context`` (where the model and text come from) joins ``config``, the student's options and the batches'
+    seed in the fingerprint that a resumed run must match. Returns the
     trained student (still peft-wrapped: the caller merges or saves the adapter) and the record.
     Raises FileNotFoundError (``resume`` without a checkpoint) or ValueError (other settings).
     """
-    fingerprint = transfer_fingerprint(config, context, accelerator)
+    fingerprint = transfer_fingerprint(config, student, batches, context, accelerator)
     state = saved_progress(checkpoint_dir, fingerprint) if resume else {"fingerprint": fingerprint, "step": 0}
     completed = state.pop("step")
     measurable = len(fidelity_texts) >= MIN_HELDOUT_TEXTS
