@@ -1,4 +1,4 @@
-"""Shared test setup: offline, deterministic, small."""
+"""Shared test setup: offline, deterministic, small; every folder gets tests.helpers.fixtures."""
 
 import os
 
@@ -8,6 +8,8 @@ import torch
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+pytest_plugins = ["tests.helpers.fixtures"]
 
 
 def pytest_collection_modifyitems(config, items):

@@ -16,7 +16,7 @@ from hf_sliced_attn.analyze_cli import HEATMAP_NAME, JSON_NAME
 from hf_sliced_attn.cli import main as cli
 from hf_sliced_attn.attention import observe_attention
 from hf_sliced_attn.ops.naive import rela_weights_reference
-from tests.tiny_models import tiny_config
+from tests.helpers.models import tiny_config
 
 TEXTS = [
     "the cat sat on the mat and looked at the dog that sat on the other mat near the door",

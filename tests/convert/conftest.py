@@ -8,16 +8,8 @@ import torch
 from hf_sliced_attn.conversion.settings import TransferConfig
 from hf_sliced_attn.convert import ConvertOptions, convert
 
-from tests.tiny_models import HELDOUT_TEXT, TRAIN_TEXT, tiny_checkpoint
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny models run fastest (and most reproducibly) on one thread, above all on a busy machine."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+from tests.helpers.models import HELDOUT_TEXT, TRAIN_TEXT, tiny_checkpoint
+from tests.helpers.threads import one_thread  # noqa: F401  (autouse: every conversion test on one thread)
 
 
 @pytest.fixture(scope="session")

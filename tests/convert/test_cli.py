@@ -10,7 +10,7 @@ from transformers import GPT2Config
 
 from hf_sliced_attn.cli import main
 
-from tests.tiny_models import HELDOUT_TEXT, TRAIN_TEXT
+from tests.helpers.models import HELDOUT_TEXT, TRAIN_TEXT
 
 
 def convert_args(model, output, *extra: str) -> list[str]:

@@ -22,7 +22,7 @@ from hf_sliced_attn.conversion.attention_taps import attention_modules
 from hf_sliced_attn.conversion.training_text import split_heldout
 
 from .conftest import tiny_options
-from tests.tiny_models import HELDOUT_TEXT
+from tests.helpers.models import HELDOUT_TEXT
 
 
 def assert_converted_folder(output, mechanism: str) -> None:

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 from .test_convert import assert_converted_folder
-from tests.tiny_models import HELDOUT_TEXT, TRAIN_TEXT
+from tests.helpers.models import HELDOUT_TEXT, TRAIN_TEXT
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -17,7 +17,7 @@ import yaml
 from transformers import AutoModel, AutoTokenizer
 
 from hf_sliced_attn.convert import ConvertOptions, convert
-from tests.tiny_models import HELDOUT_TEXT, TRAIN_TEXT
+from tests.helpers.models import HELDOUT_TEXT, TRAIN_TEXT
 
 from .test_convert import assert_converted_folder
 

@@ -13,20 +13,12 @@ from hf_sliced_attn.mechanisms import SLICED_RELU
 from hf_sliced_attn.mechanisms.sliced_relu import SlicedBandwidth, SlicedOutputAffine, SlicedProjection
 from hf_sliced_attn.mechanisms.sliced_relu import attention as sliced_attention
 from hf_sliced_attn.ops.naive import sliced_relu_bump_reference, value_mean_reference
-from tests.tiny_models import MODEL_TYPES, VOCAB, tiny_config
+from tests.helpers.models import MODEL_TYPES, VOCAB, tiny_config
 
 OPTIONS = [
     {"kernel": "bump"},
     {"kernel": "bump", "num_slices": 2, "projection": "mlp", "affine_output": True},
 ]
-
-
-@pytest.fixture(params=MODEL_TYPES)
-def softmax_checkpoint(request, tmp_path_factory):
-    torch.manual_seed(0)
-    path = tmp_path_factory.mktemp(request.param)
-    AutoModel.from_config(tiny_config(request.param)).save_pretrained(path)
-    return path
 
 
 def _bump_model(path, **options):
@@ -41,6 +33,7 @@ def _ids(batch: int, length: int) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("options", OPTIONS)
+@pytest.mark.parametrize("softmax_checkpoint", MODEL_TYPES, indirect=True)
 def test_the_bump_kernel_runs_and_ignores_padding(softmax_checkpoint, options, monkeypatch):
     model = _bump_model(softmax_checkpoint, **options)
     calls = {"full": 0, "windowed": 0}
@@ -59,6 +52,7 @@ def test_the_bump_kernel_runs_and_ignores_padding(softmax_checkpoint, options, m
 
 
 @pytest.mark.parametrize("options", OPTIONS)
+@pytest.mark.parametrize("softmax_checkpoint", MODEL_TYPES, indirect=True)
 def test_save_and_load_select_the_bump_kernel_again(softmax_checkpoint, options, tmp_path):
     model = _bump_model(softmax_checkpoint, **options)
     bandwidths = [m for m in model.modules() if isinstance(m, SlicedBandwidth)]

@@ -12,12 +12,12 @@ from typing import Any
 
 import pytest
 import torch
-from transformers import AutoModel, PreTrainedModel
+from transformers import PreTrainedModel
 
-import hf_sliced_attn
 from hf_sliced_attn.ops import sliced_relu, sliced_relu_bump
 
-from tests.tiny_models import VOCAB, tiny_config
+from tests.helpers.comparisons import relative_error, scaled_error
+from tests.helpers.models import VOCAB, tiny_encoder
 
 MECHANISM_CASES: dict[str, tuple[str, dict[str, Any]]] = {
     "sliced_relu": ("sliced_relu", {}),
@@ -63,16 +63,6 @@ def fresh_dynamo() -> Iterator[None]:
     torch._dynamo.reset()
 
 
-def build(model_type: str, mechanism: str, options: dict[str, Any]) -> PreTrainedModel:
-    """The tiny ``model_type`` encoder converted to ``mechanism`` with ``options`` (over the
-    architecture's), in eval mode (no dropout)."""
-    overrides, architecture_options = ARCHITECTURES[model_type]
-    torch.manual_seed(0)
-    config = hf_sliced_attn.prepare_config(tiny_config(model_type, **overrides), mechanism,
-                                           **{**architecture_options, **options})
-    return AutoModel.from_config(config).eval()
-
-
 def padded_batch() -> dict[str, torch.Tensor]:
     """input_ids and attention_mask (BATCH, LENGTH), the second sequence padded after PADDED_LENGTH."""
     input_ids = torch.randint(3, VOCAB, (BATCH, LENGTH), generator=torch.Generator().manual_seed(0))
@@ -81,7 +71,7 @@ def padded_batch() -> dict[str, torch.Tensor]:
     return {"input_ids": input_ids, "attention_mask": attention_mask}
 
 
-def outputs_and_grads(
+def hidden_and_parameter_grads(
     model: PreTrainedModel, forward: Callable[..., Any], inputs: dict[str, torch.Tensor],
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """last_hidden_state h of ``forward(**inputs)`` and the gradients of every parameter of
@@ -98,14 +88,6 @@ def outputs_and_grads(
     return hidden.detach(), grads
 
 
-def relative_error(actual: torch.Tensor, expected: torch.Tensor, scale: float | None = None) -> float:
-    """max |actual - expected| / scale, scale max |expected| by default (the absolute error where
-    the scale is 0)."""
-    scale = expected.abs().max().item() if scale is None else scale
-    error = (actual - expected).abs().max().item()
-    return error / scale if scale > 0 else error
-
-
 def assert_grads_match(grads: dict[str, torch.Tensor], expected: dict[str, torch.Tensor]) -> None:
     """Every gradient within GRAD_RTOL of eager's, on the scale of the largest eager gradient of
     its module (see GRAD_RTOL)."""
@@ -115,7 +97,7 @@ def assert_grads_match(grads: dict[str, torch.Tensor], expected: dict[str, torch
         module = name.rpartition(".")[0]
         module_scales[module] = max(module_scales.get(module, 0.0), grad.abs().max().item())
     errors = {
-        name: relative_error(grads[name], grad, module_scales[name.rpartition(".")[0]])
+        name: scaled_error(grads[name], grad, module_scales[name.rpartition(".")[0]])
         for name, grad in expected.items()
     }
     worst = max(errors, key=errors.get)
@@ -126,12 +108,12 @@ def assert_compiled_matches_eager(model: PreTrainedModel, backend: str) -> None:
     """``torch.compile(model, fullgraph=True, backend=backend)`` gives eager's output on a padded
     batch to OUTPUT_RTOL and its parameter gradients as :func:`assert_grads_match` says."""
     inputs = padded_batch()
-    expected, expected_grads = outputs_and_grads(model, model, inputs)
+    expected, expected_grads = hidden_and_parameter_grads(model, model, inputs)
     compiled = torch.compile(model, fullgraph=True, backend=backend)
     # Scalar C++ kernels compile in about half the time of vectorised ones; the captured graph
     # (so any graph break) and its maths are the same.
     with torch._inductor.config.patch({"cpp.vec_isa_ok": False}):
-        hidden, grads = outputs_and_grads(model, compiled, inputs)
+        hidden, grads = hidden_and_parameter_grads(model, compiled, inputs)
     error = relative_error(hidden, expected)
     assert error <= OUTPUT_RTOL, f"output: relative error {error:.3g} > {OUTPUT_RTOL}"
     assert_grads_match(grads, expected_grads)
@@ -141,13 +123,15 @@ def assert_compiled_matches_eager(model: PreTrainedModel, backend: str) -> None:
 @pytest.mark.parametrize("case", list(MECHANISM_CASES))
 def test_compiled_model_matches_eager(model_type, case):
     mechanism, options = MECHANISM_CASES[case]
+    overrides, architecture_options = ARCHITECTURES[model_type]
+    model = tiny_encoder(model_type, mechanism, overrides, **{**architecture_options, **options})
     backend = "inductor" if (model_type, case) in INDUCTOR_CASES else "aot_eager"
-    assert_compiled_matches_eager(build(model_type, mechanism, options), backend)
+    assert_compiled_matches_eager(model, backend)
 
 
 def test_bump_kernel_compiles_as_one_graph():
     """The bump kernel, global and windowed (every ModernBERT layer converted)."""
-    model = build("modernbert", "sliced_relu", {"kernel": "bump", "num_slices": 2, "layers": "all"})
+    model = tiny_encoder("modernbert", "sliced_relu", kernel="bump", num_slices=2, layers="all")
     assert_compiled_matches_eager(model, "aot_eager")
 
 

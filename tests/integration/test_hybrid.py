@@ -10,7 +10,7 @@ import hf_sliced_attn
 from hf_sliced_attn.conversion.hybrid import restore_softmax_layers, worst_layers
 from hf_sliced_attn.conversion.attention_taps import attention_modules, converted_layers
 from hf_sliced_attn.conversion.transfer import with_transfer_lora
-from tests.tiny_models import tiny_config
+from tests.helpers.models import tiny_config
 
 
 def test_worst_layers_are_the_largest_errors_sorted_by_index():

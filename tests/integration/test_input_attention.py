@@ -11,14 +11,14 @@ import pytest
 import torch
 from peft import LoraConfig, get_peft_model
 from torch import nn
-from transformers import AutoModel, PreTrainedModel
+from transformers import PreTrainedModel
 
 import hf_sliced_attn
 from hf_sliced_attn.attention import observe_attention
 from hf_sliced_attn.mechanisms.sliced_relu import SlicedMLPProjection, SlicedProjection
 from hf_sliced_attn.conversion.attention_taps import attention_modules
 
-from tests.tiny_models import VOCAB, tiny_config
+from tests.helpers.models import VOCAB, tiny_encoder
 
 PROJECTIONS = {"mlp": SlicedMLPProjection, "linear": SlicedProjection}
 BERT_FAMILY = ["bert", "roberta", "xlm-roberta"]
@@ -79,11 +79,10 @@ def test_the_fold_is_taken_where_it_costs_less(projection_name, in_features, fol
     assert not projection.folds(folds_from - 1, in_features)
 
 
-def build(model_type: str, projection: str, **overrides) -> PreTrainedModel:
-    torch.manual_seed(0)
-    config = hf_sliced_attn.prepare_config(tiny_config(model_type, **overrides), "sliced_relu", projection=projection,
-                                           num_slices=2, affine_output=True)
-    model = AutoModel.from_config(config).eval()
+def affine_sliced_relu_encoder(model_type: str, projection: str) -> PreTrainedModel:
+    """The tiny ``model_type`` encoder converted to sliced ReLU with the ``projection``, 2 slices and the
+    output affine, that affine moved off its initial values."""
+    model = tiny_encoder(model_type, "sliced_relu", projection=projection, num_slices=2, affine_output=True)
     with torch.no_grad():  # the output affine away from its initial values, so that every piece shows
         for module in attention_modules(model):
             module.sliced_output.gain.uniform_(0.5, 2.0)
@@ -120,7 +119,9 @@ def query_key_calls(model: nn.Module, calls: list[nn.Linear]) -> int:
     return sum(id(call) in layers for call in calls)
 
 
-def outputs_and_grads(model: nn.Module, inputs: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+def real_token_hidden_and_grads(
+    model: nn.Module, inputs: dict[str, torch.Tensor],
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """The last hidden states at real tokens, and the gradients of the encoder's trainable parameters by name."""
     hidden = model(**inputs).last_hidden_state
     real = inputs["attention_mask"].bool()
@@ -149,20 +150,18 @@ def assert_same(got: tuple, want: tuple) -> None:
 def test_converted_layers_attend_from_their_input(model_type, projection, monkeypatch):
     """No converted layer runs its query or key layer, and the outputs and gradients are those of
     forming q and k (an observed forward forms them)."""
-    model, inputs = build(model_type, projection), batch()
+    model, inputs = affine_sliced_relu_encoder(model_type, projection), batch()
     with linear_calls(monkeypatch) as calls:
-        folded = outputs_and_grads(model, inputs)
+        folded = real_token_hidden_and_grads(model, inputs)
     assert query_key_calls(model, calls) == 0
     with linear_calls(monkeypatch) as calls, observe_attention(lambda **_: None):
-        formed = outputs_and_grads(model, inputs)
+        formed = real_token_hidden_and_grads(model, inputs)
     assert query_key_calls(model, calls) == 2 * model.config.num_hidden_layers
     assert_same(folded, formed)
 
 
 def test_layers_kept_on_softmax_form_q_and_k(monkeypatch):
-    torch.manual_seed(0)
-    config = hf_sliced_attn.prepare_config(tiny_config("bert"), "sliced_relu", projection="mlp", layers=[1])
-    model = AutoModel.from_config(config).eval()
+    model = tiny_encoder("bert", "sliced_relu", projection="mlp", layers=[1])
     with linear_calls(monkeypatch) as calls:
         model(**batch())
     formed = {id(m) for i, a in enumerate(attention_modules(model)) if i != 1 for m in (a.query, a.key)}
@@ -173,22 +172,22 @@ def test_layers_kept_on_softmax_form_q_and_k(monkeypatch):
 def test_a_small_batch_forms_q_and_k_with_an_mlp_projection(monkeypatch):
     """A batch of fewer tokens than the hidden size runs the query and key layers, with the same outputs
     as a folded forward."""
-    model = build("bert", "mlp")
+    model = affine_sliced_relu_encoder("bert", "mlp")
     small = batch(1, 20)
     with linear_calls(monkeypatch) as calls:
-        formed = outputs_and_grads(model, small)
+        formed = real_token_hidden_and_grads(model, small)
     assert query_key_calls(model, calls) == 2 * model.config.num_hidden_layers
     for module in attention_modules(model):
         module.sliced_projection.folds = lambda num_tokens, in_features: True
     with linear_calls(monkeypatch) as calls:
-        folded = outputs_and_grads(model, small)
+        folded = real_token_hidden_and_grads(model, small)
     assert query_key_calls(model, calls) == 0
     assert_same(folded, formed)
 
 
 def test_a_hook_on_the_query_layer_is_honoured():
     """A forward hook on a query layer runs, and its change to q reaches the output."""
-    model, inputs = build("bert", "linear"), batch()
+    model, inputs = affine_sliced_relu_encoder("bert", "linear"), batch()
     reference = model(**inputs).last_hidden_state
     query = attention_modules(model)[0].query
     handle = query.register_forward_hook(lambda module, args, output: output * 2.0)
@@ -204,7 +203,7 @@ def test_a_hook_on_the_query_layer_is_honoured():
 def test_lora_wrapped_query_and_key_layers_are_run(projection, monkeypatch):
     """peft wraps the query and key layers: their LoRA updates reach the output (the layers run as
     peft wrote them), and merging gives the same model, whose folded forward gives the same outputs."""
-    model, inputs = build("bert", projection), batch()
+    model, inputs = affine_sliced_relu_encoder("bert", projection), batch()
     lora = get_peft_model(model, LoraConfig(r=4, target_modules=hf_sliced_attn.lora_target_modules(model),
                                             modules_to_save=hf_sliced_attn.modules_to_save(model), init_lora_weights=False))
     with linear_calls(monkeypatch) as calls:

@@ -16,7 +16,7 @@ from hf_sliced_attn.mechanisms import SLICED_RELU
 from hf_sliced_attn.mechanisms.sliced_relu import SlicedMLPProjection, SlicedOutputAffine
 from hf_sliced_attn.ops.naive import sliced_relu_reference, value_mean_reference
 
-from tests.tiny_models import MODEL_TYPES, VOCAB, tiny_config
+from tests.helpers.models import MODEL_TYPES, VOCAB, tiny_config
 
 MECHANISMS = ["sliced_relu", "rela"]
 MODULE = {"sliced_relu": "sliced_projection", "rela": "rela_norm"}
@@ -26,24 +26,14 @@ def attention_modules(model):
     return [m for m in model.modules() if hasattr(m, LAYER_MODE_ATTR)]
 
 
-@pytest.fixture
-def vanilla_dir(tmp_path_factory, request):
-    """A randomly initialised softmax checkpoint of the requested architecture."""
-    model_type = request.param
-    torch.manual_seed(0)
-    path = tmp_path_factory.mktemp(model_type)
-    AutoModelForSequenceClassification.from_config(tiny_config(model_type)).save_pretrained(path)
-    return path
-
-
 def tokens(batch: int, length: int, seed: int = 0) -> torch.Tensor:
     return torch.randint(3, VOCAB, (batch, length), generator=torch.Generator().manual_seed(seed))
 
 
 @pytest.mark.parametrize("mechanism", MECHANISMS)
-@pytest.mark.parametrize("vanilla_dir", MODEL_TYPES, indirect=True)
-def test_padding_invariance(vanilla_dir, mechanism):
-    model = AutoModel.from_pretrained(vanilla_dir, attn_implementation=mechanism).eval()
+@pytest.mark.parametrize("softmax_checkpoint", MODEL_TYPES, indirect=True)
+def test_padding_invariance(softmax_checkpoint, mechanism):
+    model = AutoModel.from_pretrained(softmax_checkpoint, attn_implementation=mechanism).eval()
     lengths = [19, 7, 13]
     ids = tokens(3, 19)
     mask = torch.zeros(3, 19, dtype=torch.long)
@@ -62,10 +52,11 @@ def test_padding_invariance(vanilla_dir, mechanism):
 
 
 @pytest.mark.parametrize("mechanism", MECHANISMS)
-@pytest.mark.parametrize("vanilla_dir", MODEL_TYPES, indirect=True)
-def test_convert_save_load_round_trip(vanilla_dir, mechanism, tmp_path):
-    vanilla = AutoModelForSequenceClassification.from_pretrained(vanilla_dir)
-    converted = AutoModelForSequenceClassification.from_pretrained(vanilla_dir, attn_implementation=mechanism).eval()
+@pytest.mark.parametrize("softmax_checkpoint", MODEL_TYPES, indirect=True)
+def test_convert_save_load_round_trip(softmax_checkpoint, mechanism, tmp_path):
+    vanilla = AutoModelForSequenceClassification.from_pretrained(softmax_checkpoint)
+    converted = AutoModelForSequenceClassification.from_pretrained(softmax_checkpoint,
+                                                                   attn_implementation=mechanism).eval()
     assert converted.config._attn_implementation == mechanism
 
     # The original weights are kept, and the new modules are initialised (not left as empty memory).
@@ -99,10 +90,10 @@ def test_convert_save_load_round_trip(vanilla_dir, mechanism, tmp_path):
 
 
 @pytest.mark.parametrize("mechanism", MECHANISMS)
-@pytest.mark.parametrize("vanilla_dir", ["roberta", "modernbert"], indirect=True)
-def test_lora_with_modules_to_save_trains_and_merges(vanilla_dir, mechanism, tmp_path):
+@pytest.mark.parametrize("softmax_checkpoint", ["roberta", "modernbert"], indirect=True)
+def test_lora_with_modules_to_save_trains_and_merges(softmax_checkpoint, mechanism, tmp_path):
     torch.manual_seed(0)
-    model = AutoModelForSequenceClassification.from_pretrained(vanilla_dir, attn_implementation=mechanism)
+    model = AutoModelForSequenceClassification.from_pretrained(softmax_checkpoint, attn_implementation=mechanism)
     names = hf_sliced_attn.modules_to_save(model)
     assert names == [MODULE[mechanism]]
     peft_model = get_peft_model(
@@ -132,7 +123,7 @@ def test_lora_with_modules_to_save_trains_and_merges(vanilla_dir, mechanism, tmp
     reloaded, info = AutoModelForSequenceClassification.from_pretrained(tmp_path, output_loading_info=True)
     assert not info["missing_keys"] and not info["unexpected_keys"]
     reloaded_params = dict(reloaded.named_parameters())
-    fresh = AutoModelForSequenceClassification.from_pretrained(vanilla_dir, attn_implementation=mechanism)
+    fresh = AutoModelForSequenceClassification.from_pretrained(softmax_checkpoint, attn_implementation=mechanism)
     fresh_params = dict(fresh.named_parameters())
     for name, value in trained.items():
         torch.testing.assert_close(reloaded_params[name], value, rtol=0, atol=0)
@@ -141,18 +132,18 @@ def test_lora_with_modules_to_save_trains_and_merges(vanilla_dir, mechanism, tmp
         torch.testing.assert_close(reloaded.eval()(input_ids=ids).logits, merged(input_ids=ids).logits)
 
 
-@pytest.mark.parametrize("vanilla_dir", ["roberta"], indirect=True)
-def test_loading_without_the_plugin_refuses_instead_of_running_softmax(vanilla_dir, tmp_path):
-    AutoModel.from_pretrained(vanilla_dir, attn_implementation="sliced_relu").save_pretrained(tmp_path)
+@pytest.mark.parametrize("softmax_checkpoint", ["roberta"], indirect=True)
+def test_loading_without_the_plugin_refuses_instead_of_running_softmax(softmax_checkpoint, tmp_path):
+    AutoModel.from_pretrained(softmax_checkpoint, attn_implementation="sliced_relu").save_pretrained(tmp_path)
     script = f"from transformers import AutoModel; AutoModel.from_pretrained({str(tmp_path)!r})"
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
     assert result.returncode != 0
     assert 'attn_implementation="sliced_relu"' in result.stderr
 
 
-@pytest.mark.parametrize("vanilla_dir", ["roberta"], indirect=True)
-def test_a_converted_model_refuses_another_attention(vanilla_dir, tmp_path):
-    model = AutoModel.from_pretrained(vanilla_dir, attn_implementation="rela")
+@pytest.mark.parametrize("softmax_checkpoint", ["roberta"], indirect=True)
+def test_a_converted_model_refuses_another_attention(softmax_checkpoint, tmp_path):
+    model = AutoModel.from_pretrained(softmax_checkpoint, attn_implementation="rela")
     model.save_pretrained(tmp_path)
     with pytest.raises(ValueError, match="converted to 'rela'"):
         AutoModel.from_pretrained(tmp_path, attn_implementation="sdpa")
@@ -161,9 +152,9 @@ def test_a_converted_model_refuses_another_attention(vanilla_dir, tmp_path):
 
 
 @pytest.mark.parametrize("mechanism", MECHANISMS)
-@pytest.mark.parametrize("vanilla_dir", ["bert", "modernbert"], indirect=True)
-def test_set_attn_implementation_attaches_initialised_modules(vanilla_dir, mechanism):
-    model = AutoModel.from_pretrained(vanilla_dir).eval()
+@pytest.mark.parametrize("softmax_checkpoint", ["bert", "modernbert"], indirect=True)
+def test_set_attn_implementation_attaches_initialised_modules(softmax_checkpoint, mechanism):
+    model = AutoModel.from_pretrained(softmax_checkpoint).eval()
     ids = tokens(1, 10)
     with torch.no_grad():
         softmax_out = model(input_ids=ids).last_hidden_state
@@ -176,9 +167,9 @@ def test_set_attn_implementation_attaches_initialised_modules(vanilla_dir, mecha
     assert torch.isfinite(out).all() and not torch.allclose(out, softmax_out)
 
 
-@pytest.mark.parametrize("vanilla_dir", ["roberta"], indirect=True)
-def test_a_model_built_without_the_modules_never_runs(vanilla_dir):
-    model = AutoModel.from_pretrained(vanilla_dir)
+@pytest.mark.parametrize("softmax_checkpoint", ["roberta"], indirect=True)
+def test_a_model_built_without_the_modules_never_runs(softmax_checkpoint):
+    model = AutoModel.from_pretrained(softmax_checkpoint)
     model.config._attn_implementation_internal = "sliced_relu"  # bypassing set_attn_implementation
     with pytest.raises(RuntimeError, match="built without the modules"):
         model(input_ids=tokens(1, 5))
@@ -189,10 +180,11 @@ def test_unsupported_architecture_lists_the_supported_ones():
         GPT2Model._from_config(GPT2Config(n_layer=1, n_embd=32, n_head=2), attn_implementation="sliced_relu")
 
 
-@pytest.mark.parametrize("vanilla_dir", ["roberta"], indirect=True)
-def test_options_are_saved_and_select_layers(vanilla_dir, tmp_path):
-    config = hf_sliced_attn.prepare_config(AutoConfig.from_pretrained(vanilla_dir), "sliced_relu", num_slices=3, layers=[0, 2])
-    model = AutoModel.from_pretrained(vanilla_dir, config=config)
+@pytest.mark.parametrize("softmax_checkpoint", ["roberta"], indirect=True)
+def test_options_are_saved_and_select_layers(softmax_checkpoint, tmp_path):
+    config = hf_sliced_attn.prepare_config(AutoConfig.from_pretrained(softmax_checkpoint), "sliced_relu", num_slices=3,
+                                           layers=[0, 2])
+    model = AutoModel.from_pretrained(softmax_checkpoint, config=config)
     modes = [getattr(m, LAYER_MODE_ATTR) for m in attention_modules(model)]
     assert modes == ["sliced_relu", "softmax", "sliced_relu"]
     assert model.encoder.layer[0].attention.self.sliced_projection.directions.shape == (4, 3, 8)
@@ -236,10 +228,11 @@ def test_decoders_are_refused():
 CONVERSION_OPTIONS = {"projection": "mlp", "affine_output": True, "num_slices": 2}
 
 
-@pytest.mark.parametrize("vanilla_dir", MODEL_TYPES, indirect=True)
-def test_mlp_projection_and_affine_output_are_built_initialised_and_saved(vanilla_dir, tmp_path):
-    config = hf_sliced_attn.prepare_config(AutoConfig.from_pretrained(vanilla_dir), "sliced_relu", **CONVERSION_OPTIONS)
-    model = AutoModel.from_pretrained(vanilla_dir, config=config).eval()
+@pytest.mark.parametrize("softmax_checkpoint", MODEL_TYPES, indirect=True)
+def test_mlp_projection_and_affine_output_are_built_initialised_and_saved(softmax_checkpoint, tmp_path):
+    config = hf_sliced_attn.prepare_config(AutoConfig.from_pretrained(softmax_checkpoint), "sliced_relu",
+                                           **CONVERSION_OPTIONS)
+    model = AutoModel.from_pretrained(softmax_checkpoint, config=config).eval()
     converted = [m for m in attention_modules(model) if getattr(m, LAYER_MODE_ATTR) == "sliced_relu"]
     assert converted
     for attention in converted:
@@ -347,10 +340,11 @@ def test_mlp_projection_token_mask_must_match_the_tokens():
                                  torch.ones(1, 6, dtype=torch.bool))
 
 
-@pytest.mark.parametrize("vanilla_dir", ["roberta"], indirect=True)
-def test_prepare_config_keeps_the_options_of_a_converted_checkpoint(vanilla_dir, tmp_path):
-    config = hf_sliced_attn.prepare_config(AutoConfig.from_pretrained(vanilla_dir), "sliced_relu", **CONVERSION_OPTIONS)
-    AutoModel.from_pretrained(vanilla_dir, config=config).save_pretrained(tmp_path)
+@pytest.mark.parametrize("softmax_checkpoint", ["roberta"], indirect=True)
+def test_prepare_config_keeps_the_options_of_a_converted_checkpoint(softmax_checkpoint, tmp_path):
+    config = hf_sliced_attn.prepare_config(AutoConfig.from_pretrained(softmax_checkpoint), "sliced_relu",
+                                           **CONVERSION_OPTIONS)
+    AutoModel.from_pretrained(softmax_checkpoint, config=config).save_pretrained(tmp_path)
     saved = AutoConfig.from_pretrained(tmp_path).hf_sliced_attn
     for options in ({}, {"projection": "mlp"}, {"num_slices": 2, "affine_output": True}):
         kept = hf_sliced_attn.prepare_config(AutoConfig.from_pretrained(tmp_path), "sliced_relu", **options)

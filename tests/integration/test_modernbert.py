@@ -4,20 +4,12 @@ from __future__ import annotations
 
 import pytest
 import torch
-from transformers import AutoModel
 
-import hf_sliced_attn
 from hf_sliced_attn.attention import LAYER_MODE_ATTR
 
-from tests.tiny_models import tiny_config
+from tests.helpers.models import tiny_encoder
 
 WINDOW = 5  # tiny_config("modernbert"): local_attention=8 -> |i - j| <= 4
-
-
-def build(mechanism: str, layers, **options) -> torch.nn.Module:
-    torch.manual_seed(0)
-    config = hf_sliced_attn.prepare_config(tiny_config("modernbert"), mechanism, layers=layers, **options)
-    return AutoModel.from_config(config).eval()
 
 
 @pytest.mark.parametrize("mechanism", ["sliced_relu", "rela"])
@@ -26,7 +18,7 @@ def build(mechanism: str, layers, **options) -> torch.nn.Module:
     [("global", ["{m}", "softmax", "softmax"]), ("all", ["{m}", "{m}", "{m}"]), ([1], ["softmax", "{m}", "softmax"])],
 )
 def test_layer_selection(mechanism, layers, expected):
-    model = build(mechanism, layers)
+    model = tiny_encoder("modernbert", mechanism, layers=layers)
     assert [layer.attn.sliding_window for layer in model.layers] == [None, WINDOW, WINDOW]
     assert [getattr(layer.attn, LAYER_MODE_ATTR) for layer in model.layers] == [e.format(m=mechanism) for e in expected]
 
@@ -38,7 +30,7 @@ def test_layer_selection(mechanism, layers, expected):
 )
 def test_local_layers_see_only_their_window(mechanism, layers, options):
     """Perturbing a token outside query i's window leaves the local layer's output at i unchanged."""
-    model = build(mechanism, layers, **options)
+    model = tiny_encoder("modernbert", mechanism, layers=layers, **options)
     local = model.layers[1].attn
     length, query_pos, far = 24, 3, 15
     hidden = torch.randn(1, length, 32)

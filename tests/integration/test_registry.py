@@ -17,7 +17,7 @@ from hf_sliced_attn import MECHANISMS, Mechanism, MechanismConfig
 from hf_sliced_attn.cli import build_parser
 from hf_sliced_attn.mechanisms import Paper, PluginModule
 
-from tests.tiny_models import tiny_config
+from tests.helpers.models import tiny_config
 
 
 @dataclass

@@ -10,7 +10,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from hf_sliced_attn.ops.banded import windowed_sliced_relu, windowed_sliced_relu_bump, windowed_softmax
 from hf_sliced_attn.ops.naive import sliced_relu_bump_reference, sliced_relu_reference, windowed_softmax_reference
-from tests.reference_checks import assert_matches_reference, outputs_and_grads, relative_error
+from tests.helpers.comparisons import assert_matches_reference, op_output_and_input_grads, relative_error
+from tests.helpers.op_inputs import key_padding
 
 # (B, H, M, T, D, w, block): M None = (B, H, T) scalars; block None = the default (w).
 CASES = [
@@ -24,14 +25,6 @@ CASES = [
 ]
 
 
-def _padding_mask(batch: int, length: int, generator: torch.Generator) -> torch.Tensor:
-    """Random padding (True = real) with the last row fully padded and the first one all real."""
-    mask = torch.rand(batch, length, generator=generator) > 0.3
-    mask[0] = True
-    mask[-1] = False
-    return mask
-
-
 @pytest.mark.parametrize("batch,heads,slices,length,dim,window,block", CASES)
 @pytest.mark.parametrize("padded", [False, True], ids=["nopad", "pad"])
 def test_windowed_sliced_relu_matches_reference(batch, heads, slices, length, dim, window, block, padded):
@@ -41,7 +34,7 @@ def test_windowed_sliced_relu_matches_reference(batch, heads, slices, length, di
     s = torch.randn(shape, generator=gen)
     t = torch.randn(shape, generator=gen)
     v = torch.randn(batch, heads, length, dim, generator=gen)
-    mask = _padding_mask(batch, length, gen) if padded else None
+    mask = key_padding(batch, length, 0.3, generator=gen, real_first_row=True, padded_last_row=True) if padded else None
 
     out = assert_matches_reference(
         partial(windowed_sliced_relu, block_size=block), sliced_relu_reference,
@@ -72,7 +65,7 @@ def test_windowed_sliced_relu_bump_matches_reference(batch, heads, slices, lengt
     t = torch.randn(shape, generator=gen)
     v = torch.randn(batch, heads, length, dim, generator=gen)
     b = _bandwidth(shape[1:-1], gen)
-    mask = _padding_mask(batch, length, gen) if padded else None
+    mask = key_padding(batch, length, 0.3, generator=gen, real_first_row=True, padded_last_row=True) if padded else None
 
     out = assert_matches_reference(
         partial(windowed_sliced_relu_bump, block_size=block), sliced_relu_bump_reference,
@@ -90,7 +83,7 @@ def test_bump_fully_padded_row_gives_zeros_and_finite_gradients():
     v = torch.randn(2, 3, 10, 4, generator=gen)
     mask = torch.ones(2, 10, dtype=torch.bool)
     mask[1] = False
-    out, grads = outputs_and_grads(
+    out, grads = op_output_and_input_grads(
         partial(windowed_sliced_relu_bump, sliding_window=3, block_size=4),
         dict(query_scalars=s, key_scalars=t, value=v, bandwidth=_bandwidth((3, 2), gen), key_padding_mask=mask),
         differentiable=BUMP_INPUTS,
@@ -122,7 +115,7 @@ def test_windowed_softmax_matches_reference(batch, heads, slices, length, dim, w
     del slices
     gen = torch.Generator().manual_seed(length * 17 + window)
     q, k, v = (torch.randn(batch, heads, length, dim, generator=gen) for _ in range(3))
-    mask = _padding_mask(batch, length, gen) if padded else None
+    mask = key_padding(batch, length, 0.3, generator=gen, real_first_row=True, padded_last_row=True) if padded else None
 
     out = assert_matches_reference(
         partial(windowed_softmax, block_size=block), windowed_softmax_reference,
@@ -146,7 +139,7 @@ def test_result_does_not_depend_on_block(block):
     gen = torch.Generator().manual_seed(block)
     s, t = torch.randn(2, 2, 3, 50, generator=gen), torch.randn(2, 2, 3, 50, generator=gen)
     q, k, v = (torch.randn(2, 2, 50, 6, generator=gen) for _ in range(3))
-    mask = _padding_mask(2, 50, gen)
+    mask = key_padding(2, 50, 0.3, generator=gen, real_first_row=True, padded_last_row=True)
     b = _bandwidth((2, 3), gen)
     base_relu = windowed_sliced_relu(s, t, v, mask, sliding_window=7)
     base_bump = windowed_sliced_relu_bump(s, t, v, b, mask, sliding_window=7)
@@ -180,7 +173,7 @@ def test_half_dtypes(dtype):
     gen = torch.Generator().manual_seed(2)
     s, t = (torch.randn(2, 2, 40, generator=gen).to(dtype) for _ in range(2))
     q, k, v = (torch.randn(2, 2, 40, 8, generator=gen).to(dtype) for _ in range(3))
-    mask = _padding_mask(2, 40, gen)
+    mask = key_padding(2, 40, 0.3, generator=gen, real_first_row=True, padded_last_row=True)
     out = windowed_sliced_relu(s, t, v, mask, sliding_window=9)
     ref = sliced_relu_reference(s, t, v.double(), mask, sliding_window=9)
     assert out.dtype == dtype and relative_error(out, ref) <= 1e-2

@@ -19,27 +19,20 @@ from hf_sliced_attn.ops.naive import (
     sliced_relu_reference,
     value_mean_reference,
 )
-from tests.reference_checks import assert_matches_reference
+from tests.helpers.comparisons import assert_matches_reference
+from tests.helpers.op_inputs import attention_inputs
 
 pytestmark = pytest.mark.cuda
 SHAPES = [(2, 3, 1, 17, 8), (1, 4, 4, 300, 16), (1, 2, 2, 2048, 64)]  # B, H, M, T, D
 
 
-def _inputs(batch: int, heads: int, slices: int, length: int, dim: int, padded: bool):
-    gen = torch.Generator().manual_seed(length)
-    s, t = (torch.randn(batch, heads, slices, length, generator=gen) for _ in range(2))
-    v = torch.randn(batch, heads, length, dim, generator=gen) + 3.0  # a mean far from 0, as real values have
-    mask = None
-    if padded:
-        mask = torch.rand(batch, length, generator=gen) > 0.3
-        mask[0] = True
-    return [x.cuda() for x in (s, t, v)] + [None if mask is None else mask.cuda()]
-
-
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
 @pytest.mark.parametrize("padded", [False, True], ids=["nopad", "pad"])
 def test_sliced_relu_on_cuda(shape, padded):
-    s, t, v, mask = _inputs(*shape, padded)
+    batch, heads, slices, length, dim = shape
+    s, t, v, mask = attention_inputs(batch, heads, slices, length, length, dim, seed=length, value_offset=3.0,
+                                     padded_fraction=0.3, real_first_row=True, device="cuda")
+    mask = mask if padded else None
     out = assert_matches_reference(
         sliced_relu, sliced_relu_reference, dict(query_scalars=s, key_scalars=t, value=v, key_padding_mask=mask),
         differentiable=("query_scalars", "key_scalars", "value"), rtol=1e-5, grad_rtol=1e-4)
@@ -48,8 +41,10 @@ def test_sliced_relu_on_cuda(shape, padded):
 
 @pytest.mark.parametrize("shape", SHAPES[:2], ids=lambda s: "x".join(map(str, s)))
 def test_sliced_relu_bump_on_cuda(shape):
-    s, t, v, mask = _inputs(*shape, padded=True)
-    bandwidth = torch.full((shape[1], shape[2]), 0.7, device="cuda")
+    batch, heads, slices, length, dim = shape
+    s, t, v, mask = attention_inputs(batch, heads, slices, length, length, dim, seed=length, value_offset=3.0,
+                                     padded_fraction=0.3, real_first_row=True, device="cuda")
+    bandwidth = torch.full((heads, slices), 0.7, device="cuda")
     assert_matches_reference(
         sliced_relu_bump, sliced_relu_bump_reference,
         dict(query_scalars=s, key_scalars=t, value=v, bandwidth=bandwidth, key_padding_mask=mask),
@@ -57,7 +52,8 @@ def test_sliced_relu_bump_on_cuda(shape):
 
 
 def test_windowed_sliced_relu_on_cuda():
-    s, t, v, mask = _inputs(1, 2, 2, 200, 16, padded=True)
+    s, t, v, mask = attention_inputs(1, 2, 2, 200, 200, 16, seed=200, value_offset=3.0, padded_fraction=0.3,
+                                     real_first_row=True, device="cuda")
     assert_matches_reference(
         windowed_sliced_relu, sliced_relu_reference,
         dict(query_scalars=s, key_scalars=t, value=v, key_padding_mask=mask),

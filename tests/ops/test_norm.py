@@ -7,7 +7,7 @@ import torch
 
 from hf_sliced_attn.ops.naive import gated_rms_norm_reference
 from hf_sliced_attn.ops.norm import gated_rms_norm
-from tests.reference_checks import assert_matches_reference, relative_error
+from tests.helpers.comparisons import assert_matches_reference, relative_error
 
 SHAPES = [(2, 5, 16), (3, 64), (1, 1, 1), (2, 3, 4, 7)]
 

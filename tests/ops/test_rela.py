@@ -10,7 +10,7 @@ import torch
 
 from hf_sliced_attn.ops.naive import rela_reference
 from hf_sliced_attn.ops.rela import rela
-from tests.reference_checks import assert_matches_reference, outputs_and_grads, relative_error
+from tests.helpers.comparisons import assert_matches_reference, op_output_and_input_grads, relative_error
 
 # (B, H, Tq, Tk, D)
 SHAPES = [
@@ -117,8 +117,8 @@ def test_half_precision_accumulates_in_float32(dtype: torch.dtype, block_size: i
     """Half inputs give the float32 computation on the upcast inputs, rounded once at the end."""
     query, key, value, mask = make_inputs(1, 2, 80, 80, 16, padded=True, dtype=dtype, seed=3)
     tensors = qkv(query, key, value, mask)
-    out, grads = outputs_and_grads(rela, tensors, differentiable=QKV, sliding_window=33, block_size=block_size)
-    out32, grads32 = outputs_and_grads(
+    out, grads = op_output_and_input_grads(rela, tensors, differentiable=QKV, sliding_window=33, block_size=block_size)
+    out32, grads32 = op_output_and_input_grads(
         rela_in_float32, tensors, differentiable=QKV, sliding_window=33, block_size=block_size
     )
     assert out.dtype == dtype and all(grad.dtype == dtype for grad in grads.values())
@@ -142,7 +142,7 @@ def test_float16_scores_beyond_float16_range() -> None:
 def test_masked_pairs_are_exactly_zero(block_size: int) -> None:
     query, key, value, mask = make_inputs(3, 2, 40, 40, 8, padded=True)
     window = 3
-    out, grads = outputs_and_grads(
+    out, grads = op_output_and_input_grads(
         rela, qkv(query, key, value, mask), differentiable=QKV, sliding_window=window, block_size=block_size
     )
     grad_q, grad_k, grad_v = (grads[name] for name in QKV)

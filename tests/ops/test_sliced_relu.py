@@ -8,39 +8,22 @@ import torch
 from hf_sliced_attn.ops import _sorted, sliced_relu_cpu
 from hf_sliced_attn.ops.naive import sliced_relu_reference
 from hf_sliced_attn.ops.sliced_relu import sliced_relu
-from tests.reference_checks import assert_matches_reference, outputs_and_grads, relative_error
+from tests.helpers.comparisons import assert_matches_reference, op_output_and_input_grads, relative_error
+from tests.helpers.native import requires_compiler
+from tests.helpers.op_inputs import attention_inputs, key_padding
 
 SCALARS_AND_VALUE = ("query_scalars", "key_scalars", "value")
 
 
-@pytest.fixture(autouse=True, params=["cpu_kernel", "torch"])
+@pytest.fixture(autouse=True, params=[pytest.param("cpu_kernel", marks=requires_compiler), "torch"])
 def implementation(request, monkeypatch) -> str:
-    """Every test runs on both CPU implementations: the C++ sweep kernel (which must build here)
-    and the torch implementation (what other devices run)."""
+    """Every test runs on both CPU implementations: the C++ sweep kernel (which must build wherever a
+    compiler is found) and the torch implementation (what other devices run)."""
     if request.param == "cpu_kernel":
         assert sliced_relu_cpu.available(), "the C++ CPU kernel did not build (see the NativeKernelWarning)"
     else:
         monkeypatch.setattr(sliced_relu_cpu, "available", lambda: False)
     return request.param
-
-
-def _inputs(
-    batch: int, heads: int, slices: int | None, q_len: int, k_len: int, dim: int,
-    dtype: torch.dtype = torch.float32, seed: int = 0,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    generator = torch.Generator().manual_seed(seed)
-    lead = (batch, heads) if slices is None else (batch, heads, slices)
-    s = torch.randn(*lead, q_len, generator=generator)
-    t = torch.randn(*lead, k_len, generator=generator)
-    v = torch.randn(batch, heads, k_len, dim, generator=generator)
-    return s.to(dtype), t.to(dtype), v.to(dtype)
-
-
-def _padding(batch: int, k_len: int, seed: int = 0) -> torch.Tensor:
-    """Random padding, the last row fully padded."""
-    mask = torch.rand(batch, k_len, generator=torch.Generator().manual_seed(seed)) > 0.3
-    mask[-1] = False
-    return mask
 
 
 def _tensors(
@@ -65,8 +48,8 @@ SHAPES = [
 @pytest.mark.parametrize("padded", [False, True])
 @pytest.mark.parametrize("batch,heads,slices,q_len,k_len,dim", SHAPES)
 def test_matches_reference(batch, heads, slices, q_len, k_len, dim, padded):
-    s, t, v = _inputs(batch, heads, slices, q_len, k_len, dim)
-    mask = _padding(batch, k_len) if padded else None
+    s, t, v = attention_inputs(batch, heads, slices, q_len, k_len, dim)
+    mask = key_padding(batch, k_len, 0.3, padded_last_row=True) if padded else None
     out = assert_matches_reference(
         sliced_relu, sliced_relu_reference, _tensors(s, t, v, mask), differentiable=SCALARS_AND_VALUE,
         rtol=1e-5, grad_rtol=1e-5,
@@ -80,8 +63,8 @@ def test_many_chunks(monkeypatch, padded):
     backward (one reused buffer for the prefix sums at the queries) and the forward + backward
     both match the reference."""
     monkeypatch.setattr(_sorted, "_CHUNK_ELEMENTS", 1)
-    s, t, v = _inputs(3, 4, 2, 20, 25, 6, seed=1)
-    mask = _padding(3, 25, seed=1) if padded else None
+    s, t, v = attention_inputs(3, 4, 2, 20, 25, 6, seed=1)
+    mask = key_padding(3, 25, 0.3, seed=1, padded_last_row=True) if padded else None
     with torch.no_grad():
         out = sliced_relu(s, t, v, mask)
     expected = sliced_relu_reference(s.double(), t.double(), v.double(), mask)
@@ -96,12 +79,12 @@ def test_many_chunks(monkeypatch, padded):
 def test_compiles_as_one_graph_forward_and_backward(padded):
     """torch.compile(fullgraph=True): the CPU kernel as opaque custom ops, the torch
     implementation traced through (with padding always masked under compile)."""
-    s, t, v = _inputs(2, 3, 2, 40, 50, 8, seed=8)
-    mask = _padding(2, 50, seed=8) if padded else None
+    s, t, v = attention_inputs(2, 3, 2, 40, 50, 8, seed=8)
+    mask = key_padding(2, 50, 0.3, seed=8, padded_last_row=True) if padded else None
     compiled = torch.compile(sliced_relu, fullgraph=True, backend="aot_eager")
-    out, grads = outputs_and_grads(compiled, _tensors(s, t, v, mask), differentiable=SCALARS_AND_VALUE)
-    expected, expected_grads = outputs_and_grads(sliced_relu, _tensors(s, t, v, mask),
-                                                 differentiable=SCALARS_AND_VALUE)
+    out, grads = op_output_and_input_grads(compiled, _tensors(s, t, v, mask), differentiable=SCALARS_AND_VALUE)
+    expected, expected_grads = op_output_and_input_grads(sliced_relu, _tensors(s, t, v, mask),
+                                                         differentiable=SCALARS_AND_VALUE)
     assert relative_error(out, expected) <= 1e-6
     for name in SCALARS_AND_VALUE:
         assert relative_error(grads[name], expected_grads[name]) <= 1e-5, name
@@ -109,7 +92,7 @@ def test_compiles_as_one_graph_forward_and_backward(padded):
 
 def test_value_changed_in_place_before_backward_is_an_error():
     """The op saves the value tensor itself for its backward; autograd must catch a later in-place change."""
-    s, t, v = _inputs(1, 2, 1, 8, 8, 4)
+    s, t, v = attention_inputs(1, 2, 1, 8, 8, 4)
     v = (v.requires_grad_() * 1.0).contiguous()
     out = sliced_relu(s, t, v)
     v.add_(1.0)
@@ -118,11 +101,11 @@ def test_value_changed_in_place_before_backward_is_an_error():
 
 
 def test_fully_padded_row_gives_finite_zeros():
-    s, t, v = _inputs(2, 2, 2, 20, 30, 4)
+    s, t, v = attention_inputs(2, 2, 2, 20, 30, 4)
     mask = torch.ones(2, 30, dtype=torch.bool)
     mask[1] = False
     mask[0, :5] = False
-    out, grads = outputs_and_grads(sliced_relu, _tensors(s, t, v, mask), differentiable=SCALARS_AND_VALUE)
+    out, grads = op_output_and_input_grads(sliced_relu, _tensors(s, t, v, mask), differentiable=SCALARS_AND_VALUE)
     ds, dt, dv = grads.values()
     assert torch.isfinite(out).all() and out[0].abs().max() > 0
     for x in (out[1], ds[1], dt[1], dv[1], dt[0, ..., :5], dv[0, :, :5]):
@@ -134,8 +117,8 @@ def test_fully_padded_row_gives_finite_zeros():
 def test_no_keys_or_no_queries(slices, q_len, k_len):
     """Tk = 0 (cross-attention to an empty memory): every query gets 0, and so do the gradients;
     Tq = 0: an empty output."""
-    s, t, v = _inputs(2, 3, slices, q_len, k_len, 4)
-    out, grads = outputs_and_grads(sliced_relu, _tensors(s, t, v, None), differentiable=SCALARS_AND_VALUE)
+    s, t, v = attention_inputs(2, 3, slices, q_len, k_len, 4)
+    out, grads = op_output_and_input_grads(sliced_relu, _tensors(s, t, v, None), differentiable=SCALARS_AND_VALUE)
     assert out.shape == (2, 3, q_len, 4) and torch.equal(out, torch.zeros_like(out))
     for name, tensor in zip(SCALARS_AND_VALUE, (s, t, v)):
         assert grads[name].shape == tensor.shape and not grads[name].any()
@@ -152,8 +135,8 @@ def test_ties(slices):
     t = torch.randint(-3, 4, (*lead, 50), generator=generator).float()
     v = torch.randn(2, 3, 50, 6, generator=generator)
     assert_matches_reference(
-        sliced_relu, sliced_relu_reference, _tensors(s, t, v, _padding(2, 50)), differentiable=("value",),
-        rtol=1e-5, grad_rtol=1e-5,
+        sliced_relu, sliced_relu_reference, _tensors(s, t, v, key_padding(2, 50, 0.3, padded_last_row=True)),
+        differentiable=("value",), rtol=1e-5, grad_rtol=1e-5,
     )
 
 
@@ -192,7 +175,7 @@ def test_long_sequence_with_offsets():
 
 
 def test_gradients_at_1024():
-    s, t, v = _inputs(1, 2, 2, 1024, 1024, 16, seed=5)
+    s, t, v = attention_inputs(1, 2, 2, 1024, 1024, 16, seed=5)
     mask = torch.ones(1, 1024, dtype=torch.bool)
     mask[0, -100:] = False
     assert_matches_reference(
@@ -203,7 +186,7 @@ def test_gradients_at_1024():
 
 @pytest.mark.parametrize("slices,padded", [(None, False), (2, False), (2, True), (1, True)])
 def test_gradcheck(slices, padded):
-    s, t, v = _inputs(2, 2, slices, 5, 7, 3, dtype=torch.float64, seed=6)
+    s, t, v = attention_inputs(2, 2, slices, 5, 7, 3, dtype=torch.float64, seed=6)
     mask = torch.tensor([[True] * 7, [True, False, True, True, False, True, False]]) if padded else None
     leaves = [x.requires_grad_() for x in (s, t, v)]
     assert torch.autograd.gradcheck(lambda *x: sliced_relu(*x, key_padding_mask=mask), leaves)
@@ -211,10 +194,10 @@ def test_gradcheck(slices, padded):
 
 @pytest.mark.parametrize("dtype,tolerance", [(torch.float16, 5e-3), (torch.bfloat16, 3e-2)])
 def test_half_precision(dtype, tolerance):
-    s, t, v = _inputs(2, 2, 2, 40, 50, 8, dtype=dtype, seed=7)
-    tensors = _tensors(s, t, v, _padding(2, 50))
-    out, grads = outputs_and_grads(sliced_relu, tensors, differentiable=SCALARS_AND_VALUE)
-    ref, ref_grads = outputs_and_grads(
+    s, t, v = attention_inputs(2, 2, 2, 40, 50, 8, dtype=dtype, seed=7)
+    tensors = _tensors(s, t, v, key_padding(2, 50, 0.3, padded_last_row=True))
+    out, grads = op_output_and_input_grads(sliced_relu, tensors, differentiable=SCALARS_AND_VALUE)
+    ref, ref_grads = op_output_and_input_grads(
         sliced_relu_reference, tensors, differentiable=SCALARS_AND_VALUE, dtype=torch.float64
     )
     for name, a, e in [("out", out, ref)] + [(n, grads[n], ref_grads[n]) for n in SCALARS_AND_VALUE]:

@@ -8,32 +8,11 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from hf_sliced_attn.ops import sliced_relu_bump
 from hf_sliced_attn.ops.naive import sliced_relu_bump_reference
+from tests.helpers.comparisons import assert_matches_reference, op_output_and_input_grads, relative_error
+from tests.helpers.op_inputs import attention_inputs, key_padding
 from tests.ops.test_sliced_relu import SHAPES as SLICED_SHAPES
-from tests.reference_checks import assert_matches_reference, outputs_and_grads, relative_error
 
 ALL_INPUTS = ("query_scalars", "key_scalars", "value", "bandwidth")
-
-
-def _inputs(
-    batch: int, heads: int, slices: int | None, q_len: int, k_len: int, dim: int,
-    dtype: torch.dtype = torch.float32, seed: int = 0,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Normal scalars and values, and bandwidths in [0.3, 1.5): windows hold a few to most keys."""
-    generator = torch.Generator().manual_seed(seed)
-    lead = (batch, heads) if slices is None else (batch, heads, slices)
-    s = torch.randn(*lead, q_len, generator=generator)
-    t = torch.randn(*lead, k_len, generator=generator)
-    v = torch.randn(batch, heads, k_len, dim, generator=generator)
-    bandwidth = 0.3 + 1.2 * torch.rand(lead[1:], generator=generator)
-    return s.to(dtype), t.to(dtype), v.to(dtype), bandwidth.to(dtype)
-
-
-def _padding(batch: int, k_len: int, seed: int = 0) -> torch.Tensor:
-    """Random padding, the last row fully padded when there are several."""
-    mask = torch.rand(batch, k_len, generator=torch.Generator().manual_seed(seed)) > 0.3
-    if batch > 1:
-        mask[-1] = False
-    return mask
 
 
 def _tensors(
@@ -50,8 +29,8 @@ SHAPES = SLICED_SHAPES
 @pytest.mark.parametrize("padded", [False, True])
 @pytest.mark.parametrize("batch,heads,slices,q_len,k_len,dim", SHAPES)
 def test_matches_reference(batch, heads, slices, q_len, k_len, dim, padded):
-    s, t, v, bandwidth = _inputs(batch, heads, slices, q_len, k_len, dim)
-    mask = _padding(batch, k_len) if padded else None
+    s, t, v, bandwidth = attention_inputs(batch, heads, slices, q_len, k_len, dim, bandwidth=True)
+    mask = key_padding(batch, k_len, 0.3, padded_last_row=batch > 1) if padded else None
     out = assert_matches_reference(
         sliced_relu_bump, sliced_relu_bump_reference, _tensors(s, t, v, bandwidth, mask),
         differentiable=ALL_INPUTS, rtol=1e-5, grad_rtol=1e-4,
@@ -60,9 +39,10 @@ def test_matches_reference(batch, heads, slices, q_len, k_len, dim, padded):
 
 
 def test_windows_holding_every_key():
-    s, t, v, bandwidth = _inputs(2, 2, 2, 50, 60, 4, seed=1)
+    s, t, v, bandwidth = attention_inputs(2, 2, 2, 50, 60, 4, seed=1, bandwidth=True)
     assert_matches_reference(
-        sliced_relu_bump, sliced_relu_bump_reference, _tensors(s, t, v + 3, bandwidth * 100, _padding(2, 60)),
+        sliced_relu_bump, sliced_relu_bump_reference,
+        _tensors(s, t, v + 3, bandwidth * 100, key_padding(2, 60, 0.3, padded_last_row=True)),
         differentiable=ALL_INPUTS, rtol=1e-5, grad_rtol=1e-4,
     )
 
@@ -71,8 +51,9 @@ def test_windows_holding_every_key():
 def test_narrow_windows_within_the_documented_error(bandwidth):
     """Windows of zero to a few keys. The float32 error grows like max|t| / b (the module
     docstring's bound: about 2e-6 max|t| / b relative); float64 inputs are computed in float64."""
-    s, t, v, _ = _inputs(2, 2, 2, 200, 300, 4, seed=1)
-    tensors = _tensors(s, t, v + 3, torch.full((2, 2), bandwidth), _padding(2, 300))
+    s, t, v = attention_inputs(2, 2, 2, 200, 300, 4, seed=1)
+    mask = key_padding(2, 300, 0.3, padded_last_row=True)
+    tensors = _tensors(s, t, v + 3, torch.full((2, 2), bandwidth), mask)
     bound = 2e-6 * t.abs().max().item() / bandwidth
     assert_matches_reference(
         sliced_relu_bump, sliced_relu_bump_reference, tensors, differentiable=ALL_INPUTS, rtol=bound,
@@ -98,7 +79,8 @@ def test_ties_and_keys_on_the_window_edges(slices):
     v = torch.randn(2, 3, 50, 6, generator=generator)
     bandwidth = torch.randint(1, 4, lead[1:], generator=generator).float()
     assert_matches_reference(
-        sliced_relu_bump, sliced_relu_bump_reference, _tensors(s, t, v, bandwidth, _padding(2, 50)),
+        sliced_relu_bump, sliced_relu_bump_reference,
+        _tensors(s, t, v, bandwidth, key_padding(2, 50, 0.3, padded_last_row=True)),
         differentiable=("value",), rtol=1e-5, grad_rtol=1e-5,
     )
 
@@ -114,7 +96,8 @@ def test_gradients_with_ties_at_the_peak(slices):
     v = torch.randn(2, 3, 50, 6, generator=generator)
     assert_matches_reference(
         sliced_relu_bump, sliced_relu_bump_reference,
-        _tensors(s, t, v, torch.full(lead[1:], 1.5), _padding(2, 50)), differentiable=ALL_INPUTS,
+        _tensors(s, t, v, torch.full(lead[1:], 1.5), key_padding(2, 50, 0.3, padded_last_row=True)),
+        differentiable=ALL_INPUTS,
         rtol=1e-5, grad_rtol=1e-4,
     )
 
@@ -122,9 +105,9 @@ def test_gradients_with_ties_at_the_peak(slices):
 def test_several_chunks_with_and_without_ties():
     """(batch, head) rows processed a few at a time, some with ties and some without;
     without autograd the output is the same."""
-    s, t, v, bandwidth = _inputs(2, 3, 2, 64, 6000, 32, seed=9)
+    s, t, v, bandwidth = attention_inputs(2, 3, 2, 64, 6000, 32, seed=9, bandwidth=True)
     s[0, 1], t[0, 1] = s[0, 1].round(), t[0, 1].round()
-    tensors = _tensors(s, t, v, bandwidth, _padding(2, 6000))
+    tensors = _tensors(s, t, v, bandwidth, key_padding(2, 6000, 0.3, padded_last_row=True))
     out = assert_matches_reference(
         sliced_relu_bump, sliced_relu_bump_reference, tensors, differentiable=ALL_INPUTS, rtol=1e-5,
         grad_rtol=1e-4,
@@ -134,11 +117,12 @@ def test_several_chunks_with_and_without_ties():
 
 
 def test_fully_padded_row_gives_finite_zeros():
-    s, t, v, bandwidth = _inputs(2, 2, 2, 20, 30, 4)
+    s, t, v, bandwidth = attention_inputs(2, 2, 2, 20, 30, 4, bandwidth=True)
     mask = torch.ones(2, 30, dtype=torch.bool)
     mask[1] = False
     mask[0, :5] = False
-    out, grads = outputs_and_grads(sliced_relu_bump, _tensors(s, t, v, bandwidth, mask), differentiable=ALL_INPUTS)
+    out, grads = op_output_and_input_grads(sliced_relu_bump, _tensors(s, t, v, bandwidth, mask),
+                                           differentiable=ALL_INPUTS)
     ds, dt, dv, db = grads.values()
     assert torch.isfinite(out).all() and out[0].abs().max() > 0
     assert all(torch.isfinite(g).all() for g in grads.values()) and db.abs().max() > 0
@@ -150,8 +134,8 @@ def test_fully_padded_row_gives_finite_zeros():
 @pytest.mark.parametrize("slices", [None, 2])
 def test_no_keys_or_no_queries(slices, q_len, k_len):
     """Tk = 0: every query gets 0, and so do the gradients (the bandwidth's too); Tq = 0: an empty output."""
-    s, t, v, bandwidth = _inputs(2, 3, slices, q_len, k_len, 4)
-    out, grads = outputs_and_grads(sliced_relu_bump, _tensors(s, t, v, bandwidth), differentiable=ALL_INPUTS)
+    s, t, v, bandwidth = attention_inputs(2, 3, slices, q_len, k_len, 4, bandwidth=True)
+    out, grads = op_output_and_input_grads(sliced_relu_bump, _tensors(s, t, v, bandwidth), differentiable=ALL_INPUTS)
     assert out.shape == (2, 3, q_len, 4) and torch.equal(out, torch.zeros_like(out))
     for name, tensor in zip(ALL_INPUTS, (s, t, v, bandwidth)):
         assert grads[name].shape == tensor.shape and not grads[name].any()
@@ -175,7 +159,7 @@ def test_long_sequence_with_offsets():
 
 
 def test_gradients_at_1024():
-    s, t, v, bandwidth = _inputs(1, 2, 2, 1024, 1024, 16, seed=5)
+    s, t, v, bandwidth = attention_inputs(1, 2, 2, 1024, 1024, 16, seed=5, bandwidth=True)
     mask = torch.ones(1, 1024, dtype=torch.bool)
     mask[0, -100:] = False
     assert_matches_reference(
@@ -186,7 +170,7 @@ def test_gradients_at_1024():
 
 @pytest.mark.parametrize("slices,padded", [(None, False), (2, False), (2, True), (1, True)])
 def test_gradcheck(slices, padded):
-    s, t, v, bandwidth = _inputs(2, 2, slices, 5, 7, 3, dtype=torch.float64, seed=6)
+    s, t, v, bandwidth = attention_inputs(2, 2, slices, 5, 7, 3, dtype=torch.float64, seed=6, bandwidth=True)
     mask = torch.tensor([[True] * 7, [True, False, True, True, False, True, False]]) if padded else None
     leaves = [x.requires_grad_() for x in (s, t, v, bandwidth)]
     assert torch.autograd.gradcheck(lambda *x: sliced_relu_bump(*x, key_padding_mask=mask), leaves)
@@ -194,11 +178,11 @@ def test_gradcheck(slices, padded):
 
 @pytest.mark.parametrize("dtype,tolerance", [(torch.float16, 5e-3), (torch.bfloat16, 3e-2)])
 def test_half_precision(dtype, tolerance):
-    s, t, v, bandwidth = _inputs(2, 2, 2, 40, 50, 8, dtype=dtype, seed=7)
-    tensors = _tensors(s, t, v, bandwidth, _padding(2, 50))
+    s, t, v, bandwidth = attention_inputs(2, 2, 2, 40, 50, 8, dtype=dtype, seed=7, bandwidth=True)
+    tensors = _tensors(s, t, v, bandwidth, key_padding(2, 50, 0.3, padded_last_row=True))
     # Half-precision scalars tie often: compare the output and the value gradient.
-    out, grads = outputs_and_grads(sliced_relu_bump, tensors, differentiable=("value",))
-    ref, ref_grads = outputs_and_grads(
+    out, grads = op_output_and_input_grads(sliced_relu_bump, tensors, differentiable=("value",))
+    ref, ref_grads = op_output_and_input_grads(
         sliced_relu_bump_reference, tensors, differentiable=("value",), dtype=torch.float64
     )
     assert out.dtype == dtype and grads["value"].dtype == dtype
@@ -224,7 +208,7 @@ class _LargestTensor(TorchDispatchMode):
 def test_memory_is_linear_in_length():
     """No (Tq, Tk) tensor in forward or backward: the largest is a few (M, T, D) buffers."""
     batch, heads, slices, length, dim = 1, 2, 2, 4096, 4
-    s, t, v, bandwidth = _inputs(batch, heads, slices, length, length, dim, seed=8)
+    s, t, v, bandwidth = attention_inputs(batch, heads, slices, length, length, dim, seed=8, bandwidth=True)
     leaves = [x.requires_grad_() for x in (s, t, v, bandwidth)]
     with _LargestTensor() as mode:
         out = sliced_relu_bump(*leaves)
@@ -242,14 +226,14 @@ def test_memory_is_linear_in_length():
     ],
 )
 def test_bandwidth_shape_errors(bandwidth_shape, slices, expected):
-    s, t, v, _ = _inputs(2, 3, slices, 5, 7, 4)
+    s, t, v = attention_inputs(2, 3, slices, 5, 7, 4)
     with pytest.raises(ValueError, match=expected):
         sliced_relu_bump(s, t, v, torch.ones(bandwidth_shape))
 
 
 @pytest.mark.parametrize("bad", [0.0, -1.0, float("nan")])
 def test_bandwidth_must_be_positive(bad):
-    s, t, v, bandwidth = _inputs(2, 3, None, 5, 7, 4)
+    s, t, v, bandwidth = attention_inputs(2, 3, None, 5, 7, 4, bandwidth=True)
     bandwidth[1] = bad
     with pytest.raises(ValueError, match="bandwidth must be positive"):
         sliced_relu_bump(s, t, v, bandwidth)

@@ -1,7 +1,8 @@
 """The C++ CPU kernel of sliced ReLU attention: its custom ops, and how it is built and loaded.
 
 Its values and gradients against the float64 reference are checked in test_sliced_relu.py
-(every test there runs on both CPU implementations)."""
+(every test there runs on both CPU implementations). The tests that need the kernel built are
+marked ``requires_compiler``: skipped, with the reason, where no C++ compiler is found."""
 
 from __future__ import annotations
 
@@ -14,7 +15,9 @@ import torch
 from hf_sliced_attn.ops import _native, sliced_relu_cpu
 from hf_sliced_attn.ops.naive import sliced_relu_reference
 from hf_sliced_attn.ops.sliced_relu import sliced_relu
-from tests.reference_checks import relative_error
+from tests.helpers.comparisons import relative_error
+from tests.helpers.native import requires_compiler
+from tests.helpers.op_inputs import attention_inputs
 
 TINY_KERNEL = 'extern "C" int answer() { return 42; }\n'
 
@@ -29,22 +32,16 @@ def fresh_loader(monkeypatch, tmp_path):
     _native.load.cache_clear()
 
 
-def _inputs(seed: int = 0) -> tuple[torch.Tensor, ...]:
-    generator = torch.Generator().manual_seed(seed)
-    s, t = torch.randn(2, 3, 2, 40, generator=generator), torch.randn(2, 3, 2, 50, generator=generator)
-    v = torch.randn(2, 3, 50, 8, generator=generator)
-    mask = torch.rand(2, 50, generator=generator) > 0.2
-    return s, t, v, mask
-
-
+@requires_compiler
 def test_the_kernel_builds_here():
     """CI has a C++ compiler: the fast path must be the one that runs."""
     assert sliced_relu_cpu.available()
 
 
+@requires_compiler
 def test_custom_op_registrations_pass_opcheck():
     """Schema, fake (meta) implementation, autograd registration and dispatch, as torch checks them."""
-    s, t, v, mask = _inputs()
+    s, t, v, mask = attention_inputs(2, 3, 2, 40, 50, 8, padded_fraction=0.2)
     args = (s.double().requires_grad_(), t.double().requires_grad_(), v.requires_grad_(), mask)
     torch.library.opcheck(torch.ops.hf_sliced_attn.sliced_relu_cpu.default, args)
 
@@ -66,10 +63,11 @@ def test_results_do_not_depend_on_the_thread_count():
     assert torch.equal(single, many)
 
 
+@requires_compiler
 def test_a_non_finite_scalar_gives_nan_in_its_group_only():
     """std::sort-style sorting needs a total order: the kernel checks, and the (batch, head) group
     with the NaN (or inf) gets NaN rather than undefined behaviour; the others are untouched."""
-    s, t, v, mask = _inputs(3)
+    s, t, v, mask = attention_inputs(2, 3, 2, 40, 50, 8, seed=3, padded_fraction=0.2)
     s[0, 1, 0, 5] = float("nan")
     t[1, 2, 1, 7] = float("inf")
     leaves = [x.requires_grad_() for x in (s, t, v)]
@@ -85,18 +83,19 @@ def test_a_non_finite_scalar_gives_nan_in_its_group_only():
 
 def test_non_contiguous_inputs():
     """Attention layers pass transposed views; the op makes them contiguous itself."""
-    s, t, v, mask = _inputs(4)
+    s, t, v, mask = attention_inputs(2, 3, 2, 40, 50, 8, seed=4, padded_fraction=0.2)
     v_view = v.transpose(2, 3).contiguous().transpose(2, 3)
     s_view = s.transpose(2, 3).contiguous().transpose(2, 3)
     assert not v_view.is_contiguous() and not s_view.is_contiguous()
     assert torch.equal(sliced_relu(s_view, t, v_view, mask), sliced_relu(s, t, v, mask))
 
 
+@requires_compiler
 def test_token_major_layout_is_read_and_written_in_place():
     """Attention layers hold q, k, v as (B, T, H, D) buffers seen as (B, H, T, D): the kernel reads
     v and the output gradient in that layout, writes the output and dL/dv in it, and gives the
     results of contiguous inputs."""
-    s, t, v, mask = _inputs(6)
+    s, t, v, mask = attention_inputs(2, 3, 2, 40, 50, 8, seed=6, padded_fraction=0.2)
     token_major = v.transpose(1, 2).contiguous().requires_grad_()
     v_view = token_major.transpose(1, 2)
     out = sliced_relu(s, t, v_view, mask)
@@ -110,6 +109,7 @@ def test_token_major_layout_is_read_and_written_in_place():
     assert torch.equal(dv.transpose(1, 2), expected_dv)
 
 
+@requires_compiler
 def test_builds_once_into_the_cache(fresh_loader):
     (fresh_loader / "tiny.cpp").write_text(TINY_KERNEL)
     library = _native.load("tiny")
@@ -122,6 +122,7 @@ def test_builds_once_into_the_cache(fresh_loader):
     assert built[0].stat().st_mtime_ns == stamp  # loaded, not rebuilt
 
 
+@requires_compiler
 def test_a_source_change_builds_a_new_library(fresh_loader):
     (fresh_loader / "tiny.cpp").write_text(TINY_KERNEL)
     _native.load("tiny")
@@ -137,12 +138,14 @@ def test_no_compiler_warns_with_the_fix(fresh_loader, monkeypatch):
         assert _native.load("tiny") is None
 
 
+@requires_compiler
 def test_a_failing_build_warns_with_the_compiler_output(fresh_loader):
     (fresh_loader / "broken.cpp").write_text("this is not C++\n")
     with pytest.warns(_native.NativeKernelWarning, match=r"failed on broken\.cpp"):
         assert _native.load("broken") is None
 
 
+@requires_compiler
 def test_an_unwritable_cache_warns_with_the_fix(fresh_loader, monkeypatch):
     (fresh_loader / "tiny.cpp").write_text(TINY_KERNEL)
     (fresh_loader / "file").write_text("")
@@ -163,11 +166,12 @@ def test_without_the_kernel_the_op_runs_the_torch_implementation(monkeypatch):
     """Same function, other implementation: the op's output still matches the reference."""
     monkeypatch.setattr(sliced_relu_cpu, "available", lambda: False)
     monkeypatch.setattr(sliced_relu_cpu, "_forward", None)  # any use of the kernel would fail
-    s, t, v, mask = _inputs(5)
+    s, t, v, mask = attention_inputs(2, 3, 2, 40, 50, 8, seed=5, padded_fraction=0.2)
     expected = sliced_relu_reference(s.double(), t.double(), v.double(), mask)
     assert relative_error(sliced_relu(s, t, v, mask), expected) <= 1e-5
 
 
+@requires_compiler
 def test_the_library_exports_both_dtypes():
     library = _native.load("sliced_relu_cpu")
     assert isinstance(library, ctypes.CDLL)

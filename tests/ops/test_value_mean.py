@@ -7,18 +7,8 @@ import torch
 
 from hf_sliced_attn.ops import value_mean
 from hf_sliced_attn.ops.naive import value_mean_reference
-from tests.reference_checks import assert_matches_reference
-
-
-def _inputs(batch: int, heads: int, length: int, dim: int, padded: bool, dtype: torch.dtype):
-    gen = torch.Generator().manual_seed(batch * 100 + length)
-    value = torch.randn(batch, heads, length, dim, generator=gen).to(dtype)
-    mask = None
-    if padded:
-        mask = torch.rand(batch, length, generator=gen) > 0.4
-        mask[0] = True
-        mask[-1] = False  # a row with no valid key
-    return value, mask
+from tests.helpers.comparisons import assert_matches_reference
+from tests.helpers.op_inputs import attention_inputs
 
 
 def _per_query(
@@ -32,7 +22,9 @@ def _per_query(
 @pytest.mark.parametrize("window", [None, 1, 4, 65], ids=lambda w: f"w{w}")
 @pytest.mark.parametrize("padded", [False, True], ids=["nopad", "pad"])
 def test_value_mean_matches_reference(batch, heads, length, dim, window, padded):
-    value, mask = _inputs(batch, heads, length, dim, padded, torch.float32)
+    value, mask = attention_inputs(batch, heads, None, length, length, dim, scalars=False, padded_fraction=0.4,
+                                   real_first_row=True, padded_last_row=True, seed=batch * 100 + length)
+    mask = mask if padded else None
     expected_rows = 1 if window is None else length
     assert value_mean(value, mask, sliding_window=window).shape == (batch, heads, expected_rows, dim)
     out = assert_matches_reference(
@@ -46,7 +38,8 @@ def test_value_mean_matches_reference(batch, heads, length, dim, window, padded)
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_value_mean_half_precision_is_summed_in_float32(dtype):
-    value, mask = _inputs(2, 2, 300, 8, True, dtype)
+    value, mask = attention_inputs(2, 2, None, 300, 300, 8, scalars=False, padded_fraction=0.4, real_first_row=True,
+                                   padded_last_row=True, dtype=dtype, seed=500)
     out = assert_matches_reference(
         _per_query, value_mean_reference, {"value": value, "key_padding_mask": mask}, rtol=1e-2, sliding_window=65
     )
@@ -54,7 +47,8 @@ def test_value_mean_half_precision_is_summed_in_float32(dtype):
 
 
 def test_value_mean_window_covering_the_sequence_is_the_global_mean():
-    value, mask = _inputs(2, 2, 20, 4, True, torch.float64)
+    value, mask = attention_inputs(2, 2, None, 20, 20, 4, scalars=False, padded_fraction=0.4, real_first_row=True,
+                                   padded_last_row=True, dtype=torch.float64, seed=220)
     windowed = value_mean(value, mask, sliding_window=20)
     torch.testing.assert_close(windowed, value_mean(value, mask).expand_as(windowed))
 

@@ -32,6 +32,8 @@ from hf_sliced_attn.mechanisms import Paper
 from hf_sliced_attn.conversion.settings import mechanism_transfer_defaults
 from hf_sliced_attn.conversion.transfer import transfer_mode
 
+from tests.helpers.threads import one_thread  # noqa: F401  (autouse: this module's tests on one thread)
+
 REPO = Path(__file__).resolve().parents[2]
 RECIPE = REPO / "recipes" / "glue.py"
 SAMPLE = REPO / "recipes" / "data" / "glue_sample"
@@ -61,15 +63,6 @@ EXPECTED_METRICS = {
     "stsb": {"eval_pearson", "eval_spearmanr"},
     "mnli": {"eval_accuracy", "eval_accuracy_mm"},
 }
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny models: one intra-op thread is fastest, and immune to a busy machine's oversubscription."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 def subprocess_env(**extra) -> dict:

@@ -1,4 +1,9 @@
-"""One way to compare a fast op with its float64 reference, values and gradients, for every op test."""
+"""How the tests measure errors, and one way to compare a fast op with its float64 reference, values and
+gradients, for every op test.
+
+``relative_error`` is the error relative to the expected tensor's own scale; ``scaled_error`` the error on
+a scale the caller chooses (a module's largest gradient, say).
+"""
 
 from __future__ import annotations
 
@@ -22,7 +27,14 @@ def relative_error(actual: torch.Tensor, expected: torch.Tensor, floor: float = 
     return ((actual.double() - expected).abs().max() / scale).item()
 
 
-def outputs_and_grads(
+def scaled_error(actual: torch.Tensor, expected: torch.Tensor, scale: float) -> float:
+    """max |actual - expected| / ``scale``: the error on a scale the caller chooses, such as the
+    largest gradient of a parameter's module (the absolute error where ``scale`` is 0)."""
+    error = (actual - expected).abs().max().item()
+    return error / scale if scale > 0 else error
+
+
+def op_output_and_input_grads(
     op: Callable[..., torch.Tensor], tensors: Mapping[str, torch.Tensor | None], *,
     differentiable: Sequence[str] = (), dtype: torch.dtype | None = None, seed: int = 0, **options,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
@@ -57,9 +69,9 @@ def assert_matches_reference(
     :func:`relative_error`). A gradient that is exactly 0 in the reference (a window of one
     key: the softmax weight is 1 whatever q and k are) is compared to the scale of the other
     gradients, since float32 arithmetic leaves rounding noise there. Returns the op's output."""
-    out, grads = outputs_and_grads(op, tensors, differentiable=differentiable, seed=seed, **options)
-    ref, ref_grads = outputs_and_grads(reference, tensors, differentiable=differentiable, dtype=torch.float64,
-                                       seed=seed, **options)
+    out, grads = op_output_and_input_grads(op, tensors, differentiable=differentiable, seed=seed, **options)
+    ref, ref_grads = op_output_and_input_grads(reference, tensors, differentiable=differentiable,
+                                               dtype=torch.float64, seed=seed, **options)
     error = relative_error(out, ref)
     assert error <= rtol, f"output: relative error {error:.3g} > {rtol}"
     grad_scale = max((g.abs().max().item() for g in ref_grads.values() if g.numel()), default=0.0)

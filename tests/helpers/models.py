@@ -1,12 +1,14 @@
-"""One tiny configuration per architecture family, shared by every test.
+"""One tiny configuration per architecture family, and the models built from it, shared by every test.
 
 ``tiny_config(model_type, **overrides)``: 3 layers, 4 heads, hidden 32, no dropout; ModernBERT
-gets a local window of 5 (|i - j| <= 4) on its local layers. ``tiny_checkpoint`` saves a random
-model of that config with a word-level tokenizer trained on the shipped text.
+gets a local window of 5 (|i - j| <= 4) on its local layers. ``tiny_encoder`` builds a random
+encoder of that config converted to a mechanism; ``tiny_checkpoint`` saves a random model of that
+config with a word-level tokenizer trained on the shipped text.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from importlib.resources import files
 from pathlib import Path
 from typing import Any
@@ -18,10 +20,13 @@ from transformers import (
     BertConfig,
     ModernBertConfig,
     PretrainedConfig,
+    PreTrainedModel,
     PreTrainedTokenizerFast,
     RobertaConfig,
     XLMRobertaConfig,
 )
+
+import hf_sliced_attn
 
 MODEL_TYPES = ["bert", "roberta", "xlm-roberta", "modernbert"]
 VOCAB = 120
@@ -48,6 +53,16 @@ def tiny_config(model_type: str, **overrides: Any) -> PretrainedConfig:
     """The tiny config of ``model_type`` (one of :data:`MODEL_TYPES`), with ``overrides``."""
     config_class, family = _FAMILIES[model_type]
     return config_class(**{**_COMMON, **family, **overrides})
+
+
+def tiny_encoder(
+    model_type: str, mechanism: str, config_overrides: Mapping[str, Any] | None = None, **options: Any,
+) -> PreTrainedModel:
+    """A randomly initialised (seed 0) tiny ``model_type`` encoder (``tiny_config`` with
+    ``config_overrides``) converted to ``mechanism`` with ``options``, in eval mode."""
+    torch.manual_seed(0)
+    config = hf_sliced_attn.prepare_config(tiny_config(model_type, **(config_overrides or {})), mechanism, **options)
+    return AutoModel.from_config(config).eval()
 
 
 def word_tokenizer() -> PreTrainedTokenizerFast:
