@@ -7,6 +7,7 @@ gradients.
 """
 
 from .banded import windowed_sliced_relu, windowed_sliced_relu_bump, windowed_softmax
+from .local_window import WINDOW_COMBINES, local_window_attention
 from .norm import gated_rms_norm
 from .rela import rela
 from .sliced_relu import sliced_relu
@@ -14,7 +15,9 @@ from .sliced_relu_bump import sliced_relu_bump
 from .value_mean import value_mean
 
 __all__ = [
+    "WINDOW_COMBINES",
     "gated_rms_norm",
+    "local_window_attention",
     "rela",
     "sliced_relu",
     "sliced_relu_bump",

@@ -42,7 +42,9 @@ Ops (self-attention only: queries and keys share the length T):
   both 0 on invalid pairs. Shapes: scalars (B, H, T) or (B, H, M, T), value (B, H, T, D)
   -> (B, H, T, D).
 * :func:`windowed_softmax`, softmax(q k^T * scaling) v over the valid keys of the window;
-  a query with no valid key gives 0. Shapes: (B, H, T, D) each -> (B, H, T, D).
+  a query with no valid key gives 0. Shapes: (B, H, T, D) each -> (B, H, T, D). With
+  ``return_lse`` it also gives each query's log-normaliser log sum_j exp(q_i . k_j * scaling),
+  (B, H, T), which :mod:`.local_window` combines with a global kernel.
 
 ``key_padding_mask`` is (B, T), True for a real token. float16 / bfloat16 inputs are
 computed in float32 and returned in their dtype; float32 and float64 are computed as is.
@@ -236,6 +238,23 @@ def windowed_sliced_relu_bump(
     )
 
 
+def _softmax_and_log_normaliser(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attend: torch.Tensor, scaling: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """softmax(q k^T * scaling) v over the band pairs ``attend`` and its log-normaliser
+    lse = log sum_j exp(q . k_j * scaling), written out (SDPA does not return lse): q (N, H, block, D),
+    k and v (N, H, L, ·), attend (N, 1, block, L) bool with at least one True per row
+    -> (N, H, block, Dv) and (N, H, block). The (N, H, block, L) scores are O(T * w) per head."""
+    scores = (q @ k.transpose(-1, -2) * scaling).masked_fill(~attend, float("-inf"))
+    lse = torch.logsumexp(scores, dim=-1)
+    return torch.exp(scores - lse.unsqueeze(-1)) @ v, lse
+
+
+def _unblock(x: torch.Tensor, batch: int, length: int) -> torch.Tensor:
+    """(B * nb, H, block, ...) -> (B, H, T, ...): the query blocks back in sequence order."""
+    return x.unflatten(0, (batch, -1)).transpose(1, 2).flatten(2, 3)[:, :, :length]
+
+
 def windowed_softmax(
     query: torch.Tensor,
     key: torch.Tensor,
@@ -245,12 +264,18 @@ def windowed_softmax(
     scaling: float | None = None,
     sliding_window: int,
     block_size: int | None = None,
-) -> torch.Tensor:
+    return_lse: bool = False,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Softmax attention restricted to |i - j| <= sliding_window - 1 (see the module doc).
 
     query, key, value: (B, H, T, D); key_padding_mask (B, T) bool, True = real; scaling
     defaults to D^-1/2; ``block_size`` (default ``sliding_window``) is the query block size.
     A query with no valid key gets 0. Returns (B, H, T, D) in query's dtype.
+
+    With ``return_lse``, also the log-normaliser lse_i = log sum_j exp(q_i . k_j * scaling) over
+    the valid keys of i's window, (B, H, T) in float32 (float64 for float64 inputs), -inf for a
+    query with no valid key; differentiable like the output. The scores are then formed by
+    plain tensor ops (the same O(T * w) band) instead of SDPA's fused kernel.
     """
     if query.dim() != 4 or key.dim() != 4:
         raise ValueError(f"query and key must be (B, H, T, D), got {tuple(query.shape)} and {tuple(key.shape)}")
@@ -274,7 +299,11 @@ def windowed_softmax(
     # A row without any valid key is unmasked (SDPA would give NaN there) and its output
     # zeroed, so that its gradient is exactly 0 as well.
     attend = (valid | ~has_key)[:, None]  # (B * nb, 1, block, L)
-    out = F.scaled_dot_product_attention(q, k, v, attn_mask=attend, scale=scaling)
-    out = torch.where(has_key[:, None], out, 0.0)  # (B * nb, H, block, Dv)
-    out = out.unflatten(0, (batch, -1)).transpose(1, 2)  # (B, H, nb, block, Dv)
-    return out.flatten(2, 3)[:, :, :length].to(query.dtype)
+    if return_lse:
+        out, lse = _softmax_and_log_normaliser(q, k, v, attend, scaling)
+    else:
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=attend, scale=scaling)
+    out = _unblock(torch.where(has_key[:, None], out, 0.0), batch, length).to(query.dtype)  # (B, H, T, Dv)
+    if not return_lse:
+        return out
+    return out, _unblock(torch.where(has_key[:, None, :, 0], lse, float("-inf")), batch, length)

@@ -207,3 +207,68 @@ def windowed_softmax_reference(
     scores = (q @ k.transpose(-1, -2) * scaling).masked_fill(~mask, float("-inf"))
     weights = torch.softmax(scores, dim=-1).nan_to_num(0.0)
     return (weights @ v).to(query.dtype)
+
+
+def local_window_reference(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    query_scalars: torch.Tensor,
+    key_scalars: torch.Tensor,
+    mix: torch.Tensor,
+    key_padding_mask: torch.Tensor | None = None,
+    *,
+    window: int,
+    combine: str = "gate",
+    scaling: float | None = None,
+    bandwidth: torch.Tensor | None = None,
+    gain: torch.Tensor | None = None,
+    mean_weight: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Softmax within |i - j| <= ``window`` combined with global sliced attention, pair by pair in float64.
+
+    The sliced term S is :func:`sliced_relu_reference` (or :func:`sliced_relu_bump_reference` with a
+    ``bandwidth``) over every valid key, then, given ``gain`` and ``mean_weight`` (H,),
+    gain_h S + mean_weight_h vbar (vbar the mean valid value). With a_ij = scaling q_i . k_j and W(i)
+    the valid keys within the window:
+
+    * ``combine="gate"``: out_i = g_h softmax_W(a_i) v + (1 - g_h) S_i, g = ``mix`` (H,);
+    * ``combine="shared"``: out_i = (sum_W exp(a_ij) v_j + gamma_h D_i S_i) / (sum_W exp(a_ij) + gamma_h D_i),
+      gamma = ``mix`` (H,), D_i the mean over slices of sum_l |s_i - t_l| (ReLU kernel) or the number
+      of valid keys (bump kernel); written as is (each row's largest score factored out of both
+      sums), 0 where both sums are 0.
+
+    Shapes: query, key (B, H, T, Dk), value (B, H, T, D), scalars (B, H, T) or (B, H, M, T)
+    -> (B, H, T, D) in value's dtype.
+    """
+    q, k, v = query.double(), key.double(), value.double()
+    batch, heads, length, _ = v.shape
+    s, t = query_scalars.double(), key_scalars.double()
+    if bandwidth is None:
+        sliced = sliced_relu_reference(s, t, v, key_padding_mask)
+    else:
+        sliced = sliced_relu_bump_reference(s, t, v, bandwidth.double(), key_padding_mask)
+    if gain is not None:
+        per_head = gain.double()[:, None, None], mean_weight.double()[:, None, None]
+        sliced = per_head[0] * sliced + per_head[1] * value_mean_reference(v, key_padding_mask)
+    mix = mix.double()[:, None, None]
+    if combine == "gate":
+        local = windowed_softmax_reference(q, k, v, key_padding_mask, scaling=scaling, sliding_window=window + 1)
+        return (mix * local + (1 - mix) * sliced).to(value.dtype)
+    if s.dim() == 3:
+        s, t = s.unsqueeze(2), t.unsqueeze(2)
+    everywhere = pair_mask(batch, length, length, key_padding_mask, None, v.device).unsqueeze(2)  # (B, 1, 1, T, T)
+    if bandwidth is None:
+        denominator = ((s[..., :, None] - t[..., None, :]).abs() * everywhere).sum(-1).mean(2)  # (B, H, T)
+    else:
+        denominator = everywhere.sum(-1).double().expand(batch, heads, 1, length).mean(2)
+    scaling = q.shape[-1] ** -0.5 if scaling is None else scaling
+    in_window = pair_mask(batch, length, length, key_padding_mask, window + 1, v.device)
+    scores = (q @ k.transpose(-1, -2) * scaling).masked_fill(~in_window, float("-inf"))
+    # Each row's largest score, factored out of both sums (the ratio does not depend on it).
+    top = scores.amax(-1, keepdim=True).nan_to_num(0.0, neginf=0.0).detach()  # (B, H, T, 1)
+    weights = torch.exp(scores - top)  # 0 outside the window
+    sliced_weight = mix * torch.exp(-top) * denominator.unsqueeze(-1)
+    numerator = weights @ v + sliced_weight * sliced
+    total = weights.sum(-1, keepdim=True) + sliced_weight
+    return torch.where(total > 0, numerator / torch.where(total > 0, total, 1.0), 0.0).to(value.dtype)

@@ -88,16 +88,27 @@ class _KeyOrder:
     inv: Tensor  # 1 / (M * den), 0 where den is 0 (.., Tq)
 
 
-def _order_keys(s: Tensor, t: Tensor, valid: Tensor) -> _KeyOrder:
-    """Centre s and t, sort the keys, rank the queries and form the denominators."""
-    scalars = sort_scalars(s, t, valid)
-    s64, n_valid, slices = scalars.s, scalars.n_valid, s.shape[2]
+def _kernel_sums(scalars: SortedScalars) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """The ranks c, c' of every query among the sorted keys, sum_j ReLU(s - t_j) and the
+    denominator sum_j |s - t_j| (float64, (B*H, M, Tq)), from prefix sums of the sorted t:
+
+        relu_sum = s c - P_t[c],    den = relu_sum + (P_t[n] - P_t[c']) - s (n - c').
+
+    Plain torch ops: autograd differentiates den in s and t (a tie has sign 0)."""
+    s64, n_valid = scalars.s, scalars.n_valid
     below = ranks_among_keys(scalars)
     at_or_below = ranks_among_keys(scalars, right=True)
     prefix_t = exclusive_cumsum(scalars.t_sorted)
     relu_sum = s64 * below - prefix_t.gather(-1, below)
     above_sum = prefix_t[..., -1:] - prefix_t.gather(-1, at_or_below) - s64 * (n_valid - at_or_below)
-    den = relu_sum + above_sum
+    return below, at_or_below, relu_sum, relu_sum + above_sum
+
+
+def _order_keys(s: Tensor, t: Tensor, valid: Tensor) -> _KeyOrder:
+    """Centre s and t, sort the keys, rank the queries and form the denominators."""
+    scalars = sort_scalars(s, t, valid)
+    slices = s.shape[2]
+    below, at_or_below, relu_sum, den = _kernel_sums(scalars)
     positive = den > 0
     inv = torch.where(positive, 1.0 / (slices * torch.where(positive, den, 1.0)), 0.0)
     return _KeyOrder(scalars, below, at_or_below, relu_sum, den, inv)
@@ -285,19 +296,40 @@ class _SlicedReLUFunction(torch.autograd.Function):
         return ds.to(s_dtype), dt.to(t_dtype), dv.to(v_dtype), None
 
 
+def _denominator(s: Tensor, t: Tensor, valid: Tensor, dtype: torch.dtype) -> Tensor:
+    """D = sum_l |s_i - t_l| over the valid keys, (B, H, M, Tq) in ``dtype``, for s (B, H, M, Tq),
+    t (B, H, M, Tk) and valid (B, Tk): the sort and ranks of :mod:`._sorted` and the prefix sums
+    of :func:`_kernel_sums`, O(Tk log Tk + Tq log Tk) scalar work with no D-wide tensor,
+    differentiable by autograd (the kernels above return only their output)."""
+    den = _kernel_sums(sort_scalars(s, t, valid))[3]
+    return den.view(s.shape).to(dtype)
+
+
 def sliced_relu(
-    query_scalars: Tensor, key_scalars: Tensor, value: Tensor, key_padding_mask: Tensor | None = None
-) -> Tensor:
+    query_scalars: Tensor, key_scalars: Tensor, value: Tensor, key_padding_mask: Tensor | None = None, *,
+    return_denominator: bool = False,
+) -> Tensor | tuple[Tensor, Tensor]:
     """Sliced ReLU attention; see the module docstring for the maths and shapes.
 
     query_scalars (B, H, Tq) or (B, H, M, Tq), key_scalars (B, H, Tk) or (B, H, M, Tk),
     value (B, H, Tk, D), key_padding_mask (B, Tk) bool (True = real token) or None
     -> (B, H, Tq, D) in value's dtype.
+
+    With ``return_denominator``, also the kernel's normaliser D_i = sum_l |s_i - t_l| over the
+    valid keys, in query_scalars' shape ((B, H, Tq) or (B, H, M, Tq)), in float32 (float64 for
+    float64 values), differentiable in the scalars: per slice, out_i = N_i / D_i with N_i the
+    unnormalised numerator sum_j ReLU(s_i - t_j) (v_j - vbar) (0 where D_i = 0). The shared
+    normalisation of :mod:`.local_window` needs it.
     """
     check_scalar_shapes(query_scalars, key_scalars, value, key_padding_mask)
+    shape = query_scalars.shape
     if query_scalars.dim() == 3:
         query_scalars, key_scalars = query_scalars.unsqueeze(2), key_scalars.unsqueeze(2)
     valid = valid_keys(value, key_padding_mask)
     if value.device.type == "cpu" and sliced_relu_cpu.available():
-        return sliced_relu_cpu.sliced_relu_cpu(query_scalars, key_scalars, value, valid)
-    return _SlicedReLUFunction.apply(query_scalars, key_scalars, value, valid)
+        out = sliced_relu_cpu.sliced_relu_cpu(query_scalars, key_scalars, value, valid)
+    else:
+        out = _SlicedReLUFunction.apply(query_scalars, key_scalars, value, valid)
+    if not return_denominator:
+        return out
+    return out, _denominator(query_scalars, key_scalars, valid, compute_dtype(value.dtype)).view(shape)

@@ -339,14 +339,23 @@ def _check_bandwidth(bandwidth: Tensor, query_scalars: Tensor) -> None:
 
 def sliced_relu_bump(
     query_scalars: Tensor, key_scalars: Tensor, value: Tensor, bandwidth: Tensor,
-    key_padding_mask: Tensor | None = None,
-) -> Tensor:
+    key_padding_mask: Tensor | None = None, *, return_denominator: bool = False,
+) -> Tensor | tuple[Tensor, Tensor]:
     """Sliced ReLU bump attention; see the module docstring for the maths and shapes.
 
     query_scalars (B, H, Tq) or (B, H, M, Tq), key_scalars (B, H, Tk) or (B, H, M, Tk),
     value (B, H, Tk, D), bandwidth b > 0 (H,) or (H, M), key_padding_mask (B, Tk) bool
     (True = real token) or None -> (B, H, Tq, D) in value's dtype.
+
+    With ``return_denominator``, also the kernel's normaliser: the number n of valid keys,
+    by which the sum of k(s_i - t_j) v_j is divided, in query_scalars' shape, in float32
+    (float64 for float64 values); a constant, with no gradient. It is what the shared
+    normalisation of :mod:`.local_window` reads, as :func:`.sliced_relu.sliced_relu` gives its D.
     """
+    if return_denominator:
+        out = sliced_relu_bump(query_scalars, key_scalars, value, bandwidth, key_padding_mask)
+        n_valid = valid_keys(value, key_padding_mask).sum(-1).to(compute_dtype(value.dtype))
+        return out, n_valid.view(-1, *[1] * (query_scalars.dim() - 1)).expand(query_scalars.shape)
     check_scalar_shapes(query_scalars, key_scalars, value, key_padding_mask)
     _check_bandwidth(bandwidth, query_scalars)
     if query_scalars.dim() == 3:
