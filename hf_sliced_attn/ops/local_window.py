@@ -68,7 +68,9 @@ def _check(
     if combine not in WINDOW_COMBINES:
         raise ValueError(f"combine={combine!r} is not valid: use one of {list(WINDOW_COMBINES)}")
     if sliced.shape != value.shape:
-        raise ValueError(f"sliced must have value's shape (B, H, T, D) = {tuple(value.shape)}, got {tuple(sliced.shape)}")
+        raise ValueError(
+            f"sliced must have value's shape (B, H, T, D) = {tuple(value.shape)}, got {tuple(sliced.shape)}"
+        )
     heads = query.shape[1]
     if tuple(mix.shape) != (heads,):
         raise ValueError(f"mix must have shape (H,) = {(heads,)}, got {tuple(mix.shape)}")
@@ -76,7 +78,8 @@ def _check(
         if denominator is None:
             raise ValueError("combine='shared' needs the sliced kernel's denominator D (B, H, T) or (B, H, M, T)")
         batch, length = query.shape[0], query.shape[2]
-        if denominator.dim() not in (3, 4) or denominator.shape[:2] != (batch, heads) or denominator.shape[-1] != length:
+        lead, last = tuple(denominator.shape[:2]), denominator.shape[-1]
+        if denominator.dim() not in (3, 4) or lead != (batch, heads) or last != length:
             raise ValueError(
                 f"denominator must have shape (B, H, T) or (B, H, M, T) with (B, H, T) = {(batch, heads, length)}, "
                 f"got {tuple(denominator.shape)}"
