@@ -3,11 +3,20 @@
 from ..base import InputAttention, Mechanism, Paper
 from .attention import attend, attend_from_input, build_modules, folds_input
 from .config import SlicedReluConfig
-from .modules import SlicedBandwidth, SlicedMLPProjection, SlicedOutputAffine, SlicedProjection
+from .modules import (
+    SlicedBandwidth,
+    SlicedMLPProjection,
+    SlicedOutputAffine,
+    SlicedProjection,
+    SlicedWindowGate,
+    SlicedWindowShare,
+)
 
 SLICED_RELU = Mechanism(
     config_class=SlicedReluConfig,
-    module_names=("sliced_projection", "sliced_bandwidth", "sliced_output"),
+    module_names=(
+        "sliced_projection", "sliced_bandwidth", "sliced_output", "sliced_window_gate", "sliced_window_share"
+    ),
     build_modules=build_modules,
     attend=attend,
     input_attention=InputAttention(applies=folds_input, attend=attend_from_input),
@@ -22,7 +31,9 @@ SLICED_RELU = Mechanism(
         "are averaged. With "
         "`affine_output`, a learned per-head gain and share of the mean value follow (`sliced_output`). "
         "Sorting the scalars makes it exact in O(n log n) time and O(n) memory: no n × n attention "
-        "matrix is formed."
+        "matrix is formed. With `local_window` w > 0, each head also attends with the checkpoint's softmax to "
+        "the keys within w of each query, combined with the sliced attention by a learned per-head gate "
+        "(`sliced_window_gate`) or LoLCATs' shared normaliser (`sliced_window_share`), in O(n w) more."
     ),
     # The paper's plain formula (a linear projection, no gain, centred values only) loses the mean value
     # and half the weight of a softmax layer: conversions use the authors' MLP projection, the learned gain
@@ -39,4 +50,13 @@ SLICED_RELU = Mechanism(
     },
 )
 
-__all__ = ["SLICED_RELU", "SlicedBandwidth", "SlicedMLPProjection", "SlicedOutputAffine", "SlicedProjection", "SlicedReluConfig"]
+__all__ = [
+    "SLICED_RELU",
+    "SlicedBandwidth",
+    "SlicedMLPProjection",
+    "SlicedOutputAffine",
+    "SlicedProjection",
+    "SlicedReluConfig",
+    "SlicedWindowGate",
+    "SlicedWindowShare",
+]

