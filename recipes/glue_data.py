@@ -17,7 +17,7 @@ import evaluate
 from accelerate.logging import get_logger
 from datasets import DatasetDict, load_dataset
 
-from hf_sliced_attn.conversion.model_sources import hub_offline
+from hf_sliced_attn.conversion.model_sources import hub_unreachable
 
 logger = get_logger(__name__)
 
@@ -86,13 +86,15 @@ class GlueData:
 def load_raw_datasets(args) -> DatasetDict:
     """Splits: train, validation (MNLI: matched), optional validation_mismatched and test."""
     if args.task_name and not args.train_file:
+        # Offline, or the Hub does not answer (then the process goes offline): the datasets cache answers at once.
+        unreachable = hub_unreachable()
         try:
             raw = load_dataset(GLUE_HUB_DATASET, args.task_name)
         except Exception as err:  # offline, DNS failure, timeout, missing from the cache ...
-            why = "HF_HUB_OFFLINE=1 is set" if hub_offline() else "the Hugging Face Hub is unreachable"
+            why = (f"{unreachable} and it is not in the local datasets cache" if unreachable else
+                   f"it could not be downloaded ({type(err).__name__}: {err})")
             raise DataError(
-                f"Cannot load GLUE task {args.task_name!r} from the Hub dataset {GLUE_HUB_DATASET}: {why} "
-                f"and it is not in the local datasets cache ({type(err).__name__}: {err}). "
+                f"Cannot load GLUE task {args.task_name!r} from the Hub dataset {GLUE_HUB_DATASET}: {why}. "
                 f"Use local files instead: --train_file/--validation_file (csv, tsv or json in GLUE format) "
                 f"with --task_name {args.task_name} to keep the task's metric."
             ) from err
@@ -214,7 +216,8 @@ def local_dataset_name(train_file: str) -> str:
     """How a model card names local training data: the bundled sample, or the file's name."""
     path = Path(train_file).resolve()
     if SAMPLE_DIR.resolve() in path.parents:
-        return f"the GLUE-format sample bundled with hf-sliced-attn (glue_sample/{path.parent.name})"
+        return (f"the template-generated {path.parent.name.upper()}-format sample bundled with hf-sliced-attn "
+                f"(glue_sample/{path.parent.name}; not GLUE data, so its scores say nothing about GLUE)")
     return f"local files ({path.name})"
 
 

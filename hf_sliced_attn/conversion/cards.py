@@ -184,7 +184,9 @@ def render_glue_card(output_dir: str | Path, *, base_model: str | None, task_nam
     ``metrics`` are the evaluation results on ``split`` (e.g. ``{"eval_accuracy": 0.91}``;
     an ``eval_`` prefix is dropped, and losses, runtimes and counters are left out of the
     ``model-index``). ``dataset_name`` is the Hub dataset trained on (default ``nyu-mll/glue``), or
-    a description of local data (then the metadata lists no dataset); ``model_id`` names the model
+    a description of local data in the task's format: then the card claims no GLUE result (the metadata lists
+    no dataset and no ``glue`` tag, and the ``model-index`` names the local data by that description, with
+    the dataset type ``local``). ``model_id`` names the model
     in the loading snippet (default: the folder's name). ``base_model`` is a Hub id, or None
     when it has none (the card then says "a local checkpoint"). ``attention_transfer`` is the record of
     the attention transfer that preceded fine-tuning (``steps``, ``stage2_steps``, ``wall_time_s`` and,
@@ -199,23 +201,24 @@ def render_glue_card(output_dir: str | Path, *, base_model: str | None, task_nam
               if isinstance(value, (int, float)) and not any(part in name for part in NON_METRICS)}
     if not scores:
         raise ValueError(f"No evaluation metric in {metrics!r}.")
+    task_title = f"GLUE {task_name.upper()}" if dataset_id else f"{task_name.upper()}-format text classification"
     results = [
-        EvalResult(task_type="text-classification", task_name=f"GLUE {task_name.upper()}",
-                   dataset_type=dataset_id or "glue", dataset_name=f"GLUE {task_name.upper()}",
-                   dataset_config=task_name,
+        EvalResult(task_type="text-classification", task_name=task_title, dataset_type=dataset_id or "local",
+                   dataset_name=task_title if dataset_id else dataset, dataset_config=task_name if dataset_id else None,
                    dataset_split=split, metric_type=name, metric_value=round(value, 4))
         for name, value in scores.items()
     ]
     card_data = ModelCardData(
         base_model=_hub_id(base_model), library_name="transformers",
-        license=license or (base_model_license(base_model) if base_model else None), tags=[PLUGIN_TAG, MECHANISMS.get_mechanism(mechanism).tag, "glue"],
+        license=license or (base_model_license(base_model) if base_model else None),
+        tags=[PLUGIN_TAG, MECHANISMS.get_mechanism(mechanism).tag, *(["glue"] if dataset_id else [])],
         datasets=[dataset_id] if dataset_id else None, pipeline_tag="text-classification",
         model_name=_model_name(model_id), eval_results=results,
     )
     card = ModelCard.from_template(
         card_data, template_path=str(TEMPLATES / "glue.md"), model_name=_model_name(model_id),
-        base_model_ref=_model_ref(base_model), task_title=task_name.upper(),
-        dataset_description=f"GLUE {task_name.upper()} ({dataset})", split=split,
+        base_model_ref=_model_ref(base_model), task_title=task_title,
+        dataset_description=f"{task_title} ({dataset})" if dataset_id else dataset, split=split,
         metrics={name: _fmt(value) for name, value in scores.items()},
         loading_code=_loading_code(model_id, model_class="AutoModelForSequenceClassification", mechanism=mechanism),
         transfer=attention_transfer, transfer_rows=[

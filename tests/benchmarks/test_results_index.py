@@ -1,5 +1,5 @@
 """benchmarks/results/README.md indexes the results: every file there is named in it, and every
-results path the main README quotes exists (or the index says why there is no file)."""
+results path the READMEs quote exists (or the index says why there is no file)."""
 
 from __future__ import annotations
 
@@ -18,8 +18,9 @@ def expand(path: str) -> list[str]:
 
 
 def readme_paths() -> set[str]:
-    """The paths under benchmarks/results/ that the main README names."""
-    names = re.findall(r"benchmarks/results/([\w./{},-]*)", (ROOT / "README.md").read_text())
+    """The paths under benchmarks/results/ that the main README and benchmarks/README.md name."""
+    text = (ROOT / "README.md").read_text() + (ROOT / "benchmarks" / "README.md").read_text()
+    names = re.findall(r"benchmarks/results/([\w./{},-]*)", text)
     return {path for name in names for path in expand(name.rstrip(".,"))}
 
 

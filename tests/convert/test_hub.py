@@ -48,7 +48,9 @@ def test_glue_card(tmp_path):
     header = yaml_header(tmp_path / "out" / "README.md")
     assert header["license"] == "mit"  # inherited from the base model's card
     assert header["library_name"] == "transformers" and {"hf-sliced-attn", "rela"} <= set(header["tags"])
-    assert header["datasets"] == ["nyu-mll/glue"]
+    assert header["datasets"] == ["nyu-mll/glue"] and "glue" in header["tags"]
+    result = header["model-index"][0]["results"][0]
+    assert result["dataset"] == {"type": "nyu-mll/glue", "name": "GLUE SST2", "config": "sst2", "split": "validation"}
     results = saved.data.eval_results
     assert [(r.metric_type, r.metric_value, r.dataset_split) for r in results] == [("accuracy", 0.9123, "validation")]
     assert header["model-index"][0]["results"][0]["metrics"][0]["value"] == 0.9123
@@ -65,7 +67,11 @@ def test_glue_card_on_local_data_lists_no_dataset(tmp_path):
                      dataset_name="the GLUE-format sample bundled with hf-sliced-attn (glue_sample/mrpc)")
     header = yaml_header(tmp_path / "README.md")
     assert "datasets" not in header and header["base_model"] == "FacebookAI/roberta-base"
-    metrics = header["model-index"][0]["results"][0]["metrics"]
+    assert "glue" not in header["tags"]  # local files in a GLUE format are not GLUE: no claim of a GLUE result
+    result = header["model-index"][0]["results"][0]
+    assert result["dataset"]["type"] == "local" and "glue_sample/mrpc" in result["dataset"]["name"]
+    assert result["task"]["name"] == "MRPC-format text classification"
+    metrics = result["metrics"]
     assert {m["type"]: m["value"] for m in metrics} == {"f1": 0.8, "accuracy": 0.75}
     assert "glue_sample/mrpc" in (tmp_path / "README.md").read_text()
 

@@ -23,6 +23,7 @@ os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 import numpy as np
 import pytest
 import torch
+import yaml
 from safetensors.torch import load_file
 from scipy.stats import pearsonr, spearmanr
 from sklearn.metrics import f1_score
@@ -123,6 +124,16 @@ def common(model: Path, out: Path, attn: str = "sliced_relu", transfer: int | No
             "--seed", 1, *steps]
 
 
+def assert_claims_no_glue_result(card: str, data_name: str) -> None:
+    """A card of a run on local files: its metadata names no GLUE dataset, type or tag, and its results
+    name the local data."""
+    header = yaml.safe_load(card.split("---")[1])
+    assert "datasets" not in header and "glue" not in header["tags"]
+    for result in header["model-index"][0]["results"]:
+        assert result["dataset"]["type"] == "local" and data_name in result["dataset"]["name"]
+        assert "GLUE" not in result["task"]["name"] and "GLUE" not in result["dataset"]["name"].split("(")[0]
+
+
 def log_of(out: Path) -> list[dict]:
     return [json.loads(line) for line in (out / "train_log.jsonl").read_text().splitlines()]
 
@@ -202,6 +213,7 @@ def test_end_to_end(task, attn, tiny, tmp_path):
     assert (out / "tokenizer.json").is_file() and (out / "README.md").is_file()
     card = (out / "README.md").read_text()
     assert "---" in card and "## Attention transfer" in card and "3 steps matching" in card
+    assert_claims_no_glue_result(card, "glue_sample/")
     after = transfer["embedding_cosine"]["after"]
     assert f"| cosine of the mean-pooled embeddings | {transfer['embedding_cosine']['before']:.4f} | {after:.4f} |" in card
     assert not (out / "transfer_checkpoints").exists()  # removed once the run is over
