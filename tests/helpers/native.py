@@ -14,3 +14,8 @@ NO_COMPILER = "no C++ compiler found ($CXX, else c++, g++ or clang++); the CPU k
 requires_compiler = pytest.mark.skipif(_native._compiler() is None, reason=NO_COMPILER)
 """Marks a test (or a parameter, through ``pytest.param(..., marks=requires_compiler)``) that needs the
 CPU kernel: skipped where :mod:`hf_sliced_attn.ops._native` finds no compiler to build it with."""
+
+requires_compiler_for_inductor = pytest.mark.skipif(
+    _native._compiler() is None,
+    reason="no C++ compiler found ($CXX, else c++, g++ or clang++); torch.compile's inductor backend needs one on CPU")
+"""Marks a case compiled with inductor on CPU, which generates and builds C++ like the kernel."""

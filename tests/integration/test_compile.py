@@ -18,6 +18,7 @@ from hf_sliced_attn.ops import sliced_relu, sliced_relu_bump
 
 from tests.helpers.comparisons import relative_error, scaled_error
 from tests.helpers.models import VOCAB, tiny_encoder
+from tests.helpers.native import requires_compiler_for_inductor
 
 MECHANISM_CASES: dict[str, tuple[str, dict[str, Any]]] = {
     "sliced_relu": ("sliced_relu", {}),
@@ -119,8 +120,9 @@ def assert_compiled_matches_eager(model: PreTrainedModel, backend: str) -> None:
     assert_grads_match(grads, expected_grads)
 
 
-@pytest.mark.parametrize("model_type", list(ARCHITECTURES))
-@pytest.mark.parametrize("case", list(MECHANISM_CASES))
+@pytest.mark.parametrize(("model_type", "case"), [
+    pytest.param(model_type, case, marks=[requires_compiler_for_inductor] if (model_type, case) in INDUCTOR_CASES else [])
+    for case in MECHANISM_CASES for model_type in ARCHITECTURES])
 def test_compiled_model_matches_eager(model_type, case):
     mechanism, options = MECHANISM_CASES[case]
     overrides, architecture_options = ARCHITECTURES[model_type]
