@@ -37,11 +37,11 @@ SLICED_RELU = Mechanism(
     ),
     # The paper's plain formula (a linear projection, no gain, centred values only) loses the mean value
     # and half the weight of a softmax layer: conversions use the authors' MLP projection, the learned gain
-    # and mean value, and 4 slices. Measured on all-MiniLM-L6-v2, held-out text of another kind (README,
+    # and mean value, and 4 slices. Measured on all-MiniLM-L6-v2, held-out text of another kind (benchmarks/README.md,
     # "Conversion fidelity").
     conversion_defaults={"projection": "mlp", "affine_output": True, "num_slices": 4},
-    # convert: a long stage 2 and the two layers that transfer worst kept on softmax (README, "Conversion
-    # fidelity"); finetune: stage 1 only, within the recipe's time budget (README, "Accuracy after fine-tuning").
+    # convert: a long stage 2 and the two layers that transfer worst kept on softmax (benchmarks/README.md, "Conversion
+    # fidelity"); finetune: stage 1 only, within the recipe's time budget (benchmarks/README.md, "Accuracy after fine-tuning").
     transfer_defaults={
         "convert": {"lora_r": 32, "lora_alpha": 64, "steps": 100, "stage2_steps": 1000, "stage2_loss": "cosine",
                     "stage2_lr": 2e-3, "keep_softmax_layers": 2},
