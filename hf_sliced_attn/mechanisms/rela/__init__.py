@@ -19,7 +19,8 @@ RELA = Mechanism(
         "(`rela_norm`): scale · x · rsqrt(mean(x²) + ε) · σ(gate ⊙ x). The attention weights are exactly "
         "sparse, and a head can attend to nothing."
     ),
-    # convert: measured on all-MiniLM-L6-v2, held-out text of another kind (benchmarks/README.md, "Conversion fidelity");
+    # convert: measured on all-MiniLM-L6-v2, held-out text of another kind
+    # (benchmarks/README.md, "Conversion fidelity");
     # finetune: measured on the quality benchmark (benchmarks/README.md, "Accuracy after fine-tuning").
     transfer_defaults={
         "convert": {"lora_r": 32, "lora_alpha": 64, "steps": 150, "stage2_steps": 400, "stage2_loss": "cosine",

@@ -41,7 +41,8 @@ SLICED_RELU = Mechanism(
     # "Conversion fidelity").
     conversion_defaults={"projection": "mlp", "affine_output": True, "num_slices": 4},
     # convert: a long stage 2 and the two layers that transfer worst kept on softmax (benchmarks/README.md, "Conversion
-    # fidelity"); finetune: stage 1 only, within the recipe's time budget (benchmarks/README.md, "Accuracy after fine-tuning").
+    # fidelity"); finetune: stage 1 only, within the recipe's time budget
+    # (benchmarks/README.md, "Accuracy after fine-tuning").
     transfer_defaults={
         "convert": {"lora_r": 32, "lora_alpha": 64, "steps": 100, "stage2_steps": 1000, "stage2_loss": "cosine",
                     "stage2_lr": 2e-3, "keep_softmax_layers": 2},
