@@ -18,6 +18,7 @@ On :func:`register` (run by ``import hf_sliced_attn``):
 
 from __future__ import annotations
 
+import difflib
 import functools
 from typing import Any
 
@@ -25,6 +26,7 @@ import torch
 from torch import nn
 from transformers import AttentionInterface, PretrainedConfig, PreTrainedModel
 from transformers.masking_utils import AttentionMaskInterface
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from .attention import LAYER_MODE_ATTR, SOFTMAX, attention_function, key_padding_mask_from, observing
 from .mechanisms import CONFIG_KEY, MECHANISMS, Mechanism, MechanismConfig, PluginModule
@@ -256,8 +258,24 @@ def _patch_set_attn_implementation(pretrained_class: type[PreTrainedModel], spec
     pretrained_class.set_attn_implementation = set_attn_implementation
 
 
-def _patch_unsupported_architecture_check() -> None:
-    """Models outside the supported list get a clear error when they ask for a mechanism."""
+def _valid_attentions() -> list[str]:
+    """The ``attn_implementation`` values transformers accepts (as it checks them), the plugin's included."""
+    return ["eager", *ALL_ATTENTION_FUNCTIONS.valid_keys()]
+
+
+def unknown_attention_note(requested: str) -> str:
+    """What transformers' error for an unknown ``attn_implementation`` leaves out: the plugin's mechanisms,
+    and the closest valid name when ``requested`` looks like a typo of one."""
+    mechanisms = ", ".join(f'"{name}"' for name in MECHANISMS)
+    note = (f" hf_sliced_attn adds attn_implementation={mechanisms} (model types: "
+            f"{', '.join(SUPPORTED_MODEL_TYPES)}).")
+    close = difflib.get_close_matches(requested, _valid_attentions(), n=1, cutoff=0.6)
+    return note + (f' Did you mean attn_implementation="{close[0]}"?' if close else "")
+
+
+def _patch_attention_checks() -> None:
+    """Models outside the supported list get a clear error when they ask for a mechanism, and an unknown
+    ``attn_implementation`` gets transformers' error with the plugin's mechanisms (and a close match) added."""
     original = PreTrainedModel.get_correct_attn_implementation
 
     @functools.wraps(original)
@@ -267,7 +285,12 @@ def _patch_unsupported_architecture_check() -> None:
                 f"attn_implementation={requested_attention!r} is not available for model_type "
                 f"{self.config.model_type!r}. Supported architectures: {', '.join(SUPPORTED_MODEL_TYPES)}."
             )
-        return original(self, requested_attention, *args, **kwargs)
+        try:
+            return original(self, requested_attention, *args, **kwargs)
+        except ValueError as error:
+            if isinstance(requested_attention, str) and requested_attention not in _valid_attentions():
+                raise ValueError(f"{error}{unknown_attention_note(requested_attention)}") from None
+            raise
 
     PreTrainedModel.get_correct_attn_implementation = get_correct_attn_implementation
 
@@ -313,7 +336,7 @@ def register() -> None:
         _patch_init_weights(spec.pretrained_class)
         _patch_set_attn_implementation(spec.pretrained_class, spec)
         _patch_config_to_dict(spec.config_class)
-    _patch_unsupported_architecture_check()
+    _patch_attention_checks()
     _registered = True
 
 
