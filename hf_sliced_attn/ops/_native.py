@@ -5,7 +5,8 @@ The kernels are C++17 with a C interface; the only torch header they include is
 seconds with the system's C++ compiler (``$CXX``, else ``c++``/``g++``). The shared library
 is cached in ``$HF_SLICED_ATTN_CACHE`` (default ``~/.cache/hf_sliced_attn/kernels``), keyed by
 the source, the compiler, torch's version, the flags and the CPU, so it is built once per
-machine and torch. ctypes releases the GIL during a call.
+machine and torch, under a file lock so that concurrent processes build it once. ctypes
+releases the GIL during a call.
 
 Where no kernel can be built (no compiler), :func:`load` returns None once, with a warning
 that says why and how to fix it, and the ops run their portable torch implementation (the
@@ -28,6 +29,7 @@ from pathlib import Path
 __all__ = ["NativeKernelWarning", "load"]
 
 import torch
+from filelock import FileLock
 from torch.utils import cpp_extension
 
 _SOURCES = Path(__file__).with_name("csrc")
@@ -72,7 +74,11 @@ def _cache_dir() -> Path:
 
 
 def _build(source: Path, compiler: str) -> Path:
-    """Compile ``source`` into the cache (once per source, compiler and machine) -> the library's path."""
+    """Compile ``source`` into the cache (once per source, compiler and machine) -> the library's path.
+
+    A file lock beside the library makes concurrent processes (the ranks of a distributed run, say)
+    build it once: the first compiles while the others wait, then find it built.
+    """
     version = subprocess.run([compiler, "--version"], capture_output=True, text=True, check=True).stdout
     flags = _flags()
     key = hashlib.sha256(
@@ -82,13 +88,16 @@ def _build(source: Path, compiler: str) -> Path:
     if target.exists():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
-    # Build beside the target and rename: concurrent processes never load a half-written file.
-    with tempfile.TemporaryDirectory(dir=target.parent) as scratch:
-        built = Path(scratch) / target.name
-        result = subprocess.run([compiler, str(source), *flags, "-o", str(built)], capture_output=True, text=True)
-        if result.returncode:
-            raise RuntimeError(f"{compiler} failed on {source.name}:\n{result.stderr.strip()}")
-        os.replace(built, target)
+    with FileLock(target.with_name(target.name + ".lock")):
+        if target.exists():  # another process built it while this one waited
+            return target
+        # Build beside the target and rename: a process that does not take the lock never loads a half-written file.
+        with tempfile.TemporaryDirectory(dir=target.parent) as scratch:
+            built = Path(scratch) / target.name
+            result = subprocess.run([compiler, str(source), *flags, "-o", str(built)], capture_output=True, text=True)
+            if result.returncode:
+                raise RuntimeError(f"{compiler} failed on {source.name}:\n{result.stderr.strip()}")
+            os.replace(built, target)
     return target
 
 
