@@ -12,8 +12,9 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from transformers import AutoConfig, AutoModel, AutoTokenizer
+from transformers import AutoModel, AutoTokenizer
 
+from .conversion.model_sources import load_model_config
 from .mechanisms.rela.analysis import analyze_rela, check_rela_config
 
 JSON_NAME = "analysis.json"
@@ -43,13 +44,17 @@ def add_analyze_parser(subparsers: argparse._SubParsersAction) -> argparse.Argum
 def run_analyze(args: argparse.Namespace) -> int:
     """Run the analysis described by ``args``; returns the exit status.
 
-    Raises a ValueError (which ``hf-sliced-attn`` prints as an error) if the model is not
-    ReLA, before its weights are loaded, or if the text file holds no text.
+    Raises a ValueError or FileNotFoundError (which ``hf-sliced-attn`` prints as an error) if the
+    text file is missing or holds no text, or if the model cannot be found or is not ReLA, before
+    its weights are loaded.
     """
+    if not args.text.is_file():
+        what = "is a folder" if args.text.is_dir() else "does not exist"
+        raise FileNotFoundError(f"--text {args.text}: the file {what}; --text takes a text file, one text per line.")
     texts = [line.strip() for line in args.text.read_text().splitlines() if line.strip()]
     if not texts:
-        raise ValueError(f"{args.text} has no text (one text per line).")
-    check_rela_config(AutoConfig.from_pretrained(args.model))
+        raise ValueError(f"--text {args.text} has no text: --text takes a text file, one text per line.")
+    check_rela_config(load_model_config(args.model))
     model = AutoModel.from_pretrained(args.model)
     tokenizer = AutoTokenizer.from_pretrained(args.model)
     result = analyze_rela(model, tokenizer, texts, batch_size=args.batch_size, max_length=args.max_length)

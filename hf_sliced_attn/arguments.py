@@ -50,12 +50,27 @@ def flag_name(option: str, dashes: bool) -> str:
     return "--" + (option.replace("_", "-") if dashes else option)
 
 
-def add_mechanism_arguments(parser: argparse.ArgumentParser | argparse._ArgumentGroup, *, dashes: bool) -> None:
-    """Add one flag per option of the registered mechanisms (``--layers``, ``--num_slices``, ...)."""
+def _shown_default(name: str, owners: list[str], conversion: bool) -> str:
+    """The default of option ``name`` for the mechanisms ``owners``: its config's, or with ``conversion`` the one
+    conversions use (``Mechanism.conversion_defaults`` over it); one value when they agree, else one per mechanism."""
+    values = {}
+    for owner in owners:
+        mechanism = MECHANISMS[owner]
+        value = mechanism.config_class.__dataclass_fields__[name].default
+        values[owner] = mechanism.conversion_defaults.get(name, value) if conversion else value
+    if len(set(map(repr, values.values()))) == 1:
+        return repr(next(iter(values.values())))
+    return ", ".join(f"{owner} {value!r}" for owner, value in values.items())
+
+
+def add_mechanism_arguments(parser: argparse.ArgumentParser | argparse._ArgumentGroup, *, dashes: bool,
+                            conversion: bool = False) -> None:
+    """Add one flag per option of the registered mechanisms (``--layers``, ``--num_slices``, ...). Each help ends
+    with the option's default per mechanism: its config's, or with ``conversion`` the one conversions use."""
     for name, (option, kind, owners) in _option_fields().items():
         every = len(owners) == len(MECHANISMS)
         prefix = "" if every else f"{', '.join(owners)}: "
-        help_ = f"{prefix}{option.metadata.get('help', '')} (default: {option.default!r})"
+        help_ = f"{prefix}{option.metadata.get('help', '')} (default: {_shown_default(name, owners, conversion)})"
         flags = {"dest": name, "default": None, "help": help_.replace("%", "%%")}
         if kind is bool:
             parser.add_argument(flag_name(name, dashes), action=argparse.BooleanOptionalAction, **flags)
@@ -113,9 +128,14 @@ def transfer_settings(args: argparse.Namespace, *, prefix: str = "", exclude: tu
     return {name: value for name, value in given.items() if value is not None}
 
 
-def in_flag_terms(message: str, *, dashes: bool, prefix: str = "") -> str:
-    """``message`` (an error of :mod:`hf_sliced_attn.conversion.settings`) with each transfer setting named by
-    its flag (``steps`` -> ``--attention_transfer_steps``), so that the user reads the words they typed."""
+def in_flag_terms(message: str, *, dashes: bool, prefix: str = "", switches: tuple[str, ...] = ()) -> str:
+    """``message`` (an error of :mod:`hf_sliced_attn.conversion.settings`, or of a Python API with on/off
+    keyword arguments ``switches``) with each transfer setting named by its flag (``steps`` ->
+    ``--attention_transfer_steps``) and each ``switch=True`` by its flag (``overwrite=True`` -> ``--overwrite``),
+    so that the user reads the words they typed. The API's errors stay in the API's terms; this is the one
+    translation."""
+    for switch in switches:
+        message = re.sub(rf"(?<![\w-]){switch}=True\b", flag_name(switch, dashes), message)
     names = sorted((f.name for f in dataclasses.fields(TransferConfig)), key=len, reverse=True)
     pattern = re.compile(r"(?<![\w-])(" + "|".join(names) + r")\b")
     return pattern.sub(lambda m: flag_name(_transfer_dest(m.group(1), prefix), dashes), message)

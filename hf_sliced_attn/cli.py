@@ -27,6 +27,10 @@ from .mechanisms import MECHANISMS
 EXIT_ERROR = 1
 EXIT_INTERRUPTED = 130
 
+CONVERT_SWITCHES = ("overwrite", "resume", "adapter_only")
+"""The fields of :class:`~hf_sliced_attn.convert.ConvertOptions` that are on/off flags: the conversion's
+errors name them as the Python API takes them (``overwrite=True``), the command line as ``--overwrite``."""
+
 
 def add_convert_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     """Add ``convert``: attention transfer from a softmax checkpoint (see :mod:`hf_sliced_attn.convert`)."""
@@ -35,11 +39,10 @@ def add_convert_parser(subparsers: argparse._SubParsersAction) -> argparse.Argum
                                    help="Convert a softmax encoder to sliced_relu or rela by attention transfer.")
     parser.add_argument("--model", required=True, help="path or Hub id of the softmax checkpoint")
     parser.add_argument("--attn", required=True, choices=list(MECHANISMS), help="the new attention")
-    defaults = "; ".join(f"{m.name}: {dict(m.conversion_defaults)}" for m in MECHANISMS.values()
-                         if m.conversion_defaults)
     add_mechanism_arguments(parser.add_argument_group(
-        "mechanism options", f"Saved in config.json. Conversions use these unless told otherwise: {defaults}."
-    ), dashes=True)
+        "mechanism options", "Saved in config.json. Each default shown is the one conversions use: the mechanism's "
+                             "measured best for converting a softmax checkpoint, over its config's own default."
+    ), dashes=True, conversion=True)
     add_transfer_arguments(parser.add_argument_group(
         "attention transfer", "Defaults: each mechanism's measured best for conversions."), dashes=True, purpose="convert")
     parser.add_argument("--text", nargs="+", required=True,
@@ -63,17 +66,21 @@ def add_convert_parser(subparsers: argparse._SubParsersAction) -> argparse.Argum
 
 
 def run_convert(args: argparse.Namespace) -> int:
-    options = ConvertOptions(
-        model=args.model, mechanism=args.attn, output_dir=args.output, text=args.text, heldout_text=args.heldout_text,
-        mechanism_options=mechanism_options(args, args.attn, dashes=True), transfer=transfer_settings(args),
-        text_column=args.text_column, text_split=args.text_split, heldout_fraction=args.heldout_fraction,
-        max_length=args.max_length, seed=args.seed, adapter_only=args.adapter_only, overwrite=args.overwrite,
-        resume=args.resume, base_model_id=args.base_model_id,
-    )
     try:
+        options = ConvertOptions(
+            model=args.model, mechanism=args.attn, output_dir=args.output, text=args.text,
+            heldout_text=args.heldout_text, mechanism_options=mechanism_options(args, args.attn, dashes=True),
+            transfer=transfer_settings(args), text_column=args.text_column, text_split=args.text_split,
+            heldout_fraction=args.heldout_fraction, max_length=args.max_length, seed=args.seed,
+            adapter_only=args.adapter_only, overwrite=args.overwrite, resume=args.resume,
+            base_model_id=args.base_model_id,
+        )
         result = convert(options)
-    except ValueError as error:
-        raise ValueError(in_flag_terms(str(error), dashes=True)) from None
+    except (ValueError, OSError) as error:  # said in the Python API's terms: name the flags instead
+        message = in_flag_terms(str(error), dashes=True, switches=CONVERT_SWITCHES)
+        if message == str(error):
+            raise
+        raise type(error)(message) from None
     if not PartialState().is_main_process:  # under `accelerate launch`, one process reports
         return 0
     for note in result.notes:

@@ -126,17 +126,18 @@ def _prepare_output(options: ConvertOptions, accelerator: Accelerator) -> None:
     """Check the output folder before anything is trained.
 
     Every process checks the same folder before any of them changes it (so all of them fail,
-    or none); then the main one empties it (``overwrite``) while the others wait.
+    or none); then the main one empties it (``overwrite``) while the others wait. The errors name the
+    options as this API takes them (``overwrite=True``); the command line names its flags instead.
     """
     output = Path(options.output_dir)
     checkpoint = latest_checkpoint(output / CHECKPOINT_DIR)
     if options.resume and checkpoint is None:
-        raise FileNotFoundError(f"--resume: {output / CHECKPOINT_DIR} holds no checkpoint to resume from.")
+        raise FileNotFoundError(f"resume=True: {output / CHECKPOINT_DIR} holds no checkpoint to resume from.")
     occupied = not options.resume and output.exists() and any(output.iterdir())
     if occupied and not options.overwrite:
-        hint = " (it holds an interrupted conversion: pass --resume to continue it)" if checkpoint else ""
+        hint = " (it holds an interrupted conversion: pass resume=True to continue it)" if checkpoint else ""
         raise FileExistsError(f"The output folder {output} already exists and is not empty{hint}; "
-                              "pass --overwrite to replace it.")
+                              "pass overwrite=True to replace it.")
     accelerator.wait_for_everyone()
     if occupied and accelerator.is_main_process:
         shutil.rmtree(output)

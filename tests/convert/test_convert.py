@@ -107,7 +107,7 @@ def test_resume_after_interrupt_matches_uninterrupted_run(tiny_roberta, tmp_path
     with pytest.raises(KeyboardInterrupt):
         convert(tiny_options(tiny_roberta, output, **settings), on_step=interrupt)
     assert (output / CHECKPOINT_DIR / "latest").read_text() == f"step-{interrupt_at:07d}"
-    with pytest.raises(FileExistsError, match="--resume"):
+    with pytest.raises(FileExistsError, match="pass resume=True to continue it"):
         convert(tiny_options(tiny_roberta, output, **settings))
     with pytest.raises(ValueError, match="other settings"):
         convert(tiny_options(tiny_roberta, output, **{**settings, "lr": 5e-4}, resume=True))
