@@ -12,10 +12,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from transformers import AutoModel, AutoTokenizer
-
-from .conversion.model_sources import load_model_config
-from .mechanisms.rela.analysis import analyze_rela, check_rela_config
+from hf_sliced_attn_cli import COMMANDS
 
 JSON_NAME = "analysis.json"
 HEATMAP_NAME = "heatmap.png"
@@ -25,7 +22,7 @@ def add_analyze_parser(subparsers: argparse._SubParsersAction) -> argparse.Argum
     """Add the ``analyze`` subcommand to ``subparsers``; its handler is set as ``func``."""
     parser = subparsers.add_parser(
         "analyze",
-        help="Measure a ReLA model's attention sparsity, null-attention rate and head diversity.",
+        help=COMMANDS["analyze"],
         description=(
             "Run a ReLA model over text and report, per layer and head, the fraction of exactly-zero attention "
             "weights, the fraction of queries that attend to nothing, and head diversity."
@@ -54,6 +51,11 @@ def run_analyze(args: argparse.Namespace) -> int:
     texts = [line.strip() for line in args.text.read_text().splitlines() if line.strip()]
     if not texts:
         raise ValueError(f"--text {args.text} has no text: --text takes a text file, one text per line.")
+    from transformers import AutoModel, AutoTokenizer
+
+    from .conversion.model_sources import load_model_config
+    from .mechanisms.rela.analysis import analyze_rela, check_rela_config
+
     check_rela_config(load_model_config(args.model))
     model = AutoModel.from_pretrained(args.model)
     tokenizer = AutoTokenizer.from_pretrained(args.model)

@@ -6,6 +6,10 @@
 
 Each subcommand is an ``add_<name>_parser(subparsers)`` that sets its handler as ``func``
 (``func(args) -> exit status``). Run it under ``accelerate launch`` for several processes.
+
+The console script is :mod:`hf_sliced_attn_cli`, which answers ``--help`` without importing this
+package; here too a command imports what it needs (torch, transformers, peft, datasets) only when it
+is built or run, and the parser builds in full only the command that was asked for.
 """
 
 from __future__ import annotations
@@ -15,17 +19,11 @@ import logging
 import sys
 from collections.abc import Sequence
 
-from accelerate import PartialState
-
-from .analyze_cli import add_analyze_parser
-from .arguments import (add_mechanism_arguments, add_transfer_arguments, in_flag_terms, mechanism_options,
-                        transfer_settings)
-from .convert import ConvertOptions, convert
-from .hub import PushError, push
-from .mechanisms import MECHANISMS
+from hf_sliced_attn_cli import COMMANDS, DESCRIPTION, EPILOG, PROG
 
 EXIT_ERROR = 1
 EXIT_INTERRUPTED = 130
+
 
 CONVERT_SWITCHES = ("overwrite", "resume", "adapter_only")
 """The fields of :class:`~hf_sliced_attn.convert.ConvertOptions` that are on/off flags: the conversion's
@@ -34,9 +32,12 @@ errors name them as the Python API takes them (``overwrite=True``), the command 
 
 def add_convert_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     """Add ``convert``: attention transfer from a softmax checkpoint (see :mod:`hf_sliced_attn.convert`)."""
+    from .arguments import add_mechanism_arguments, add_transfer_arguments
+    from .convert import ConvertOptions
+    from .mechanisms import MECHANISMS
+
     d = ConvertOptions.__dataclass_fields__
-    parser = subparsers.add_parser("convert",
-                                   help="Convert a softmax encoder to sliced_relu or rela by attention transfer.")
+    parser = subparsers.add_parser("convert", help=COMMANDS["convert"], description=COMMANDS["convert"])
     parser.add_argument("--model", required=True, help="path or Hub id of the softmax checkpoint")
     parser.add_argument("--attn", required=True, choices=list(MECHANISMS), help="the new attention")
     add_mechanism_arguments(parser.add_argument_group(
@@ -66,6 +67,11 @@ def add_convert_parser(subparsers: argparse._SubParsersAction) -> argparse.Argum
 
 
 def run_convert(args: argparse.Namespace) -> int:
+    from accelerate import PartialState
+
+    from .arguments import in_flag_terms, mechanism_options, transfer_settings
+    from .convert import ConvertOptions, convert
+
     try:
         options = ConvertOptions(
             model=args.model, mechanism=args.attn, output_dir=args.output, text=args.text,
@@ -95,7 +101,7 @@ def run_convert(args: argparse.Namespace) -> int:
 
 def add_push_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     """Add ``push``: check a converted folder and upload it to the Hub (see :func:`hf_sliced_attn.hub.push`)."""
-    parser = subparsers.add_parser("push", help="Check a converted folder and upload it to the Hugging Face Hub.")
+    parser = subparsers.add_parser("push", help=COMMANDS["push"], description=COMMANDS["push"])
     parser.add_argument("folder", help="the folder written by `convert` (or a fine-tune with a model card)")
     parser.add_argument("--repo-id", required=True, help="USER/NAME of the model repository")
     parser.add_argument("--private", action="store_true", help="create the repository private")
@@ -106,32 +112,57 @@ def add_push_parser(subparsers: argparse._SubParsersAction) -> argparse.Argument
     return parser
 
 
+class CommandError(Exception):
+    """A command that cannot go on; :func:`main` prints the message as one line (exit status 1)."""
+
+
 def run_push(args: argparse.Namespace) -> int:
-    push(args.folder, args.repo_id, private=args.private, revision=args.revision, dry_run=args.dry_run,
-         token=args.token)
+    from .hub import PushError, push
+
+    try:
+        push(args.folder, args.repo_id, private=args.private, revision=args.revision, dry_run=args.dry_run,
+             token=args.token)
+    except PushError as error:
+        raise CommandError(str(error)) from None
     return 0
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="hf-sliced-attn", description=__doc__.split("\n\n")[0])
-    subparsers = parser.add_subparsers(dest="command", required=True)
-    for add in (add_convert_parser, add_push_parser, add_analyze_parser):
-        add(subparsers)
+def _add_analyze_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    from .analyze_cli import add_analyze_parser
+
+    return add_analyze_parser(subparsers)
+
+
+PARSERS = {"convert": add_convert_parser, "push": add_push_parser, "analyze": _add_analyze_parser}
+"""Each command of :data:`hf_sliced_attn_cli.COMMANDS` -> the function that adds its parser."""
+
+
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The parser of every command (``command`` None), or of ``command`` only: the others are listed with
+    their summaries but not built (building a command's parser imports what its options need; "" builds none)."""
+    parser = argparse.ArgumentParser(prog=PROG, description=DESCRIPTION, epilog=EPILOG)
+    subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name, summary in COMMANDS.items():
+        if command in (None, name):
+            PARSERS[name](subparsers)
+        else:
+            subparsers.add_parser(name, help=summary, add_help=False)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line ``argv`` (default: ``sys.argv[1:]``); returns the exit status."""
-    args = build_parser().parse_args(argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = build_parser(argv[0] if argv and argv[0] in PARSERS else "").parse_args(argv)
     logging.basicConfig(format="%(levelname)s %(name)s: %(message)s")
     logging.getLogger("hf_sliced_attn").setLevel(logging.INFO)
     try:
         return args.func(args)
     except KeyboardInterrupt:
-        print(f"hf-sliced-attn {args.command}: interrupted.", file=sys.stderr)
+        print(f"{PROG} {args.command}: interrupted.", file=sys.stderr)
         return EXIT_INTERRUPTED
-    except (ValueError, FileExistsError, FileNotFoundError, PushError) as error:
-        print(f"hf-sliced-attn {args.command}: error: {error}", file=sys.stderr)
+    except (ValueError, FileExistsError, FileNotFoundError, CommandError) as error:
+        print(f"{PROG} {args.command}: error: {error}", file=sys.stderr)
         return EXIT_ERROR
 
 

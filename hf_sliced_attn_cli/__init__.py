@@ -1,0 +1,43 @@
+"""The ``hf-sliced-attn`` console script, kept outside the ``hf_sliced_attn`` package so that it starts at once.
+
+``import hf_sliced_attn`` registers the attentions with transformers, which imports torch and
+transformers: seconds before anything is printed. This launcher imports neither: ``hf-sliced-attn
+--help`` and a mistyped command are answered from :data:`COMMANDS` alone, and a command (``convert``,
+``push``, ``analyze``, or its own ``--help``) is handed to :func:`hf_sliced_attn.cli.main`, which imports
+what that command needs. :data:`COMMANDS` is the one list of the commands and their summaries.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+PROG = "hf-sliced-attn"
+DESCRIPTION = "Sliced ReLU attention and ReLA for Hugging Face transformers encoders."
+COMMANDS = {
+    "convert": "Convert a softmax encoder to sliced_relu or rela by attention transfer.",
+    "push": "Check a converted folder and upload it to the Hugging Face Hub.",
+    "analyze": "Measure a ReLA model's attention sparsity, null-attention rate and head diversity.",
+}
+"""Command name -> its one-line summary, as ``hf-sliced-attn --help`` lists them."""
+EPILOG = f"Run `{PROG} COMMAND --help` for the options of a command."
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The top-level parser: the commands and their summaries, none of their options."""
+    parser = argparse.ArgumentParser(prog=PROG, description=DESCRIPTION, epilog=EPILOG)
+    subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name, summary in COMMANDS.items():
+        subparsers.add_parser(name, help=summary, add_help=False)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run ``hf-sliced-attn`` with ``argv`` (default: ``sys.argv[1:]``); returns the exit status."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] not in COMMANDS:
+        build_parser().parse_args(argv)  # prints the help, or the usage error, and exits
+    from hf_sliced_attn.cli import main as run_command
+
+    return run_command(argv)
