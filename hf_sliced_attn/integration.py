@@ -81,7 +81,7 @@ def prepare_config(config: PretrainedConfig, mechanism: str, **options: Any) -> 
         converted = MECHANISMS.config_from_dict(saved)
         kept = {k: v for k, v in converted.to_dict().items() if k != "mechanism"}
         if chosen.make_config(**{**kept, **options}) != converted:
-            changed = {k: requested.to_dict()[k] for k in options if requested.to_dict()[k] != kept[k]}
+            changed = {k: getattr(requested, k) for k in options if getattr(requested, k) != getattr(converted, k)}
             raise ValueError(
                 f"This checkpoint was converted with {kept}; it cannot take {changed}: these options "
                 "shape the trained modules. Leave them out to keep the converted ones, or start from the original "

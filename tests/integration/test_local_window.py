@@ -295,10 +295,6 @@ def test_the_card_names_the_window():
     assert not any("softmax within" in p for p in SLICED_RELU.make_config().describe())
 
 
-@pytest.mark.xfail(raises=KeyError, reason=(
-    "prepare_config (hf_sliced_attn/integration.py) reads kept[k] from the converted checkpoint's to_dict(), which "
-    "leaves local_window out when it is 0: changing local_window on a converted checkpoint raises KeyError there "
-    "instead of this ValueError until it reads kept.get(k) and requested.to_dict().get(k)"))
 @pytest.mark.parametrize("converted, asked", [(0, 4), (4, 0)])
 def test_changing_the_window_of_a_converted_checkpoint_is_refused(converted, asked):
     config = hf_sliced_attn.prepare_config(tiny_config("bert"), "sliced_relu", local_window=converted)
