@@ -18,6 +18,7 @@ On :func:`register` (run by ``import hf_sliced_attn``):
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import functools
 from typing import Any
@@ -25,6 +26,7 @@ from typing import Any
 import torch
 from torch import nn
 from transformers import AttentionInterface, PretrainedConfig, PreTrainedModel
+from transformers import modeling_utils
 from transformers.masking_utils import AttentionMaskInterface
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
@@ -295,6 +297,40 @@ def _patch_attention_checks() -> None:
     PreTrainedModel.get_correct_attn_implementation = get_correct_attn_implementation
 
 
+def fresh_modules_note(model: nn.Module, missing: set[str]) -> tuple[set[str], str | None]:
+    """The plugin's parameters among a load's ``missing`` keys when the checkpoint had none of them (a softmax
+    checkpoint loaded with a mechanism: they are expected to be missing), and one line saying so; (empty, None)
+    otherwise, so that a converted checkpoint lacking some of its trained modules keeps them in the report."""
+    modules = {prefix: module for prefix, module in model.named_modules() if isinstance(module, PluginModule)}
+    plugin = {f"{prefix}.{name}" for prefix, module in modules.items() for name, _ in module.named_parameters()}
+    if not plugin or not plugin <= missing:
+        return set(), None
+    kinds = sorted({prefix.rpartition(".")[2] for prefix in modules})
+    layers = {prefix.rpartition(".")[0] for prefix in modules}
+    note = (f"hf_sliced_attn: the checkpoint has softmax attention, so the {model.config._attn_implementation} modules "
+            f"({', '.join(kinds)}) of {len(layers)} attention layers were freshly initialised by the model's "
+            "_init_weights: train them before use (attention transfer with `hf-sliced-attn convert` or "
+            "recipes/glue.py, or fine-tuning).")
+    return plugin, note
+
+
+def _patch_load_report() -> None:
+    """transformers' load report lists every parameter a checkpoint lacks as MISSING, in a table. Loaded with a
+    mechanism, a softmax checkpoint lacks the plugin's modules by design: they leave the table for the one line of
+    :func:`fresh_modules_note`, and other missing weights stay in it. ``output_loading_info`` still lists them all."""
+    original = modeling_utils.log_state_dict_report
+
+    @functools.wraps(original)
+    def log_state_dict_report(model, pretrained_model_name_or_path, ignore_mismatched_sizes, loading_info, logger=None):
+        fresh, note = fresh_modules_note(model, set(loading_info.missing_keys))
+        if note is not None:
+            (logger or modeling_utils.logger).warning(note)
+            loading_info = dataclasses.replace(loading_info, missing_keys=set(loading_info.missing_keys) - fresh)
+        return original(model, pretrained_model_name_or_path, ignore_mismatched_sizes, loading_info, logger)
+
+    modeling_utils.log_state_dict_report = log_state_dict_report
+
+
 def padding_mask(
     batch_size: int, q_length: int, kv_length: int, *, attention_mask: torch.Tensor | None = None, **kwargs: Any
 ) -> torch.Tensor | None:
@@ -337,6 +373,7 @@ def register() -> None:
         _patch_set_attn_implementation(spec.pretrained_class, spec)
         _patch_config_to_dict(spec.config_class)
     _patch_attention_checks()
+    _patch_load_report()
     _registered = True
 
 
