@@ -66,7 +66,6 @@ optimizer update), ``README.md`` (the package's GLUE model card,
 from __future__ import annotations
 
 import argparse
-import inspect
 import json
 import logging
 import math
@@ -106,7 +105,7 @@ from hf_sliced_attn.conversion.hybrid import restore_softmax_layers
 from hf_sliced_attn.conversion.model_sources import ModelNotFoundError, hub_id_of, hub_offline, load_model_config
 from hf_sliced_attn.conversion.pipeline import transfer_and_select
 from hf_sliced_attn.conversion.settings import TransferConfig, resolve_transfer_config
-from hf_sliced_attn.conversion.training_text import Batches
+from hf_sliced_attn.conversion.training_text import encoder_batches
 from hf_sliced_attn.conversion.transfer import build_teacher, latest_checkpoint, with_transfer_lora
 from hf_sliced_attn.distributed import cpu_process_group_kwargs
 from hf_sliced_attn.integration import converted_layer_indices
@@ -492,7 +491,7 @@ def transfer_attention_step(args, accelerator: Accelerator, model, tokenizer, da
     student = with_transfer_lora(encoder, config.lora_r, config.lora_alpha, args.seed)
     try:
         student, record = transfer_and_select(
-            accelerator, teacher, student, transfer_batches(processed, tokenizer, encoder, config, args.seed), config,
+            accelerator, teacher, student, encoder_batches(processed["train"], tokenizer, encoder, config.batch_size, args.seed), config,
             tokenizer=tokenizer, ranking_texts=text_inputs(data, "train", config.ranking_texts),
             max_length=args.max_length, context={"model": args.model_name_or_path, "data": processed["train"]._fingerprint,
                      "max_length": args.max_length}, fidelity_texts=texts,
@@ -518,14 +517,6 @@ def check_transfer_text(args, data: GlueData) -> None:
             f"The training data's text column(s) {columns} are empty (only empty strings): attention transfer "
             f"learns from the task's text. Fix the data or name other columns with --text_columns, or pass "
             f"--attention_transfer_steps 0 to fine-tune the new attention without it.")
-
-
-def transfer_batches(processed: DatasetDict, tokenizer, encoder, config: TransferConfig, seed: int) -> Batches:
-    """The training split's inputs (no labels; only what the encoder takes) as the deterministic stream of
-    :class:`hf_sliced_attn.conversion.training_text.Batches`: the batch of step s is a function of (seed, s)."""
-    accepted = inspect.signature(encoder.forward).parameters
-    train = processed["train"].select_columns([c for c in processed["train"].column_names if c in accepted])
-    return Batches(train, tokenizer, config.batch_size, seed)
 
 
 def text_inputs(data: GlueData, split: str, count: int) -> list:

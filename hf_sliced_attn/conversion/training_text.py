@@ -3,11 +3,13 @@ deterministic stream of tokenized batches."""
 
 from __future__ import annotations
 
+import inspect
 import random
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import torch
+from torch import nn
 from transformers import PreTrainedTokenizerBase
 
 
@@ -123,3 +125,11 @@ def tokenize(tokenizer: PreTrainedTokenizerBase, texts: Sequence[str], max_lengt
     encoded = tokenizer(list(texts), truncation=True, max_length=max_length)
     return [{key: encoded[key][i] for key in encoded} for i in range(len(texts))]
 
+
+def encoder_batches(dataset, tokenizer: PreTrainedTokenizerBase, encoder: nn.Module, batch_size: int,
+                    seed: int) -> Batches:
+    """A tokenized :class:`datasets.Dataset` (a task's training split: labels and text columns included) as the
+    :class:`Batches` of the inputs ``encoder.forward`` takes, and nothing else."""
+    accepted = inspect.signature(encoder.forward).parameters
+    return Batches(dataset.select_columns([c for c in dataset.column_names if c in accepted]), tokenizer, batch_size,
+                   seed)

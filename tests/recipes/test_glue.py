@@ -31,6 +31,7 @@ from sklearn.metrics import f1_score
 import hf_sliced_attn
 from hf_sliced_attn.mechanisms import Paper
 from hf_sliced_attn.conversion.settings import mechanism_transfer_defaults
+from hf_sliced_attn.conversion.training_text import encoder_batches
 from hf_sliced_attn.conversion.transfer import transfer_mode
 
 from tests.helpers.threads import one_thread  # noqa: F401  (autouse: this module's tests on one thread)
@@ -498,13 +499,13 @@ def test_a_converted_checkpoint_skips_the_transfer(tiny, tmp_path, caplog):
     assert saved == converted.config.to_dict()[hf_sliced_attn.CONFIG_KEY]  # its own options, not convert's defaults
 
 
-def test_transfer_batches_are_a_function_of_seed_step_and_process(tiny, tmp_path):
+def test_the_recipes_transfer_batches_are_a_function_of_seed_step_and_process(tiny, tmp_path):
     args, _, _, tokenizer, model, processed, transfer = recipe_parts(
         common(tiny, tmp_path / "o", transfer=3) + DATA["mrpc"] + ["--attention_transfer_batch_size", 4])
     steps = 2 * len(processed["train"]) // 4  # two passes over the data: the stream cycles
 
     def take(count, args=args, **process):
-        batches = glue.transfer_batches(processed, tokenizer, model.base_model, transfer, args.seed)
+        batches = encoder_batches(processed["train"], tokenizer, model.base_model, transfer.batch_size, args.seed)
         return list(itertools.islice(batches.stream(0, **process), count))
 
     first, again = take(steps), take(steps)
