@@ -6,11 +6,23 @@ from functools import partial
 
 import pytest
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
-from hf_sliced_attn.ops.banded import windowed_sliced_relu, windowed_sliced_relu_bump, windowed_softmax
-from hf_sliced_attn.ops.naive import sliced_relu_bump_reference, sliced_relu_reference, windowed_softmax_reference
-from tests.helpers.comparisons import assert_matches_reference, op_output_and_input_grads, relative_error
+from hf_sliced_attn.ops.banded import (
+    windowed_sliced_relu,
+    windowed_sliced_relu_bump,
+    windowed_softmax,
+)
+from hf_sliced_attn.ops.naive import (
+    sliced_relu_bump_reference,
+    sliced_relu_reference,
+    windowed_softmax_reference,
+)
+from tests.helpers.comparisons import (
+    assert_matches_reference,
+    op_output_and_input_grads,
+    relative_error,
+)
+from tests.helpers.memory import LargestTensor
 from tests.helpers.op_inputs import key_padding
 
 # (B, H, M, T, D, w, block): M None = (B, H, T) scalars; block None = the default (w).
@@ -230,23 +242,6 @@ def test_invalid_arguments(kwargs, match):
         )
 
 
-class _LargestTensor(TorchDispatchMode):
-    """Records the largest numel among the outputs of every aten op run under it."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.largest = 0
-        self.calls = 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        self.calls += 1
-        for x in out if isinstance(out, (tuple, list)) else (out,):
-            if isinstance(x, torch.Tensor):
-                self.largest = max(self.largest, x.numel())
-        return out
-
-
 @pytest.mark.parametrize("op", ["sliced_relu", "sliced_relu_bump", "softmax"])
 def test_memory_is_linear_in_length(op):
     """Every tensor made in forward and backward is at most the (T_pad, L) pair band, far below T^2."""
@@ -267,7 +262,7 @@ def test_memory_is_linear_in_length(op):
     fn = {"sliced_relu": windowed_sliced_relu, "sliced_relu_bump": windowed_sliced_relu_bump,
           "softmax": windowed_softmax}[op]
 
-    recorder = _LargestTensor()
+    recorder = LargestTensor()
     with recorder:
         out = fn(*inputs, mask, sliding_window=window)
         forward_calls = recorder.calls

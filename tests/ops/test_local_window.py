@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from hf_sliced_attn.ops import (
     WINDOW_COMBINES,
@@ -19,7 +18,12 @@ from hf_sliced_attn.ops import (
 )
 from hf_sliced_attn.ops._common import pair_mask
 from hf_sliced_attn.ops.naive import local_window_reference, windowed_softmax_reference
-from tests.helpers.comparisons import assert_matches_reference, op_output_and_input_grads, relative_error
+from tests.helpers.comparisons import (
+    assert_matches_reference,
+    op_output_and_input_grads,
+    relative_error,
+)
+from tests.helpers.memory import LargestTensor
 from tests.helpers.op_inputs import key_padding
 
 
@@ -224,21 +228,6 @@ def test_bad_arguments_are_refused(change, message):
         local_window_attention(**{**arguments, **change})
 
 
-class _LargestTensor(TorchDispatchMode):
-    """Records the largest numel among the outputs of every aten op run under it."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.largest = 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        for x in out if isinstance(out, (tuple, list)) else (out,):
-            if isinstance(x, torch.Tensor):
-                self.largest = max(self.largest, x.numel())
-        return out
-
-
 @pytest.mark.parametrize("kernel", ["relu", "bump"])
 @pytest.mark.parametrize("combine", WINDOW_COMBINES)
 def test_long_sequence_makes_no_pairwise_tensor(combine, kernel):
@@ -247,7 +236,7 @@ def test_long_sequence_makes_no_pairwise_tensor(combine, kernel):
     batch, heads, slices, length, dim, window = 1, 2, 2, 8192, 8, 16
     tensors = inputs(batch, heads, slices, length, dim, combine=combine, bump=kernel == "bump", affine=True,
                      padded=True)
-    recorder = _LargestTensor()
+    recorder = LargestTensor()
     with recorder:
         out, grads = op_output_and_input_grads(sliced_local_window, tensors, differentiable=differentiable(tensors),
                                                window=window, combine=combine)

@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import pytest
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from hf_sliced_attn.ops import sliced_relu_bump
 from hf_sliced_attn.ops.naive import sliced_relu_bump_reference
-from tests.helpers.comparisons import assert_matches_reference, op_output_and_input_grads, relative_error
+from tests.helpers.comparisons import (
+    assert_matches_reference,
+    op_output_and_input_grads,
+    relative_error,
+)
+from tests.helpers.memory import LargestTensor
 from tests.helpers.op_inputs import attention_inputs, key_padding
 from tests.ops.test_sliced_relu import SHAPES as SLICED_SHAPES
 
@@ -190,27 +194,12 @@ def test_half_precision(dtype, tolerance):
     assert relative_error(grads["value"], ref_grads["value"]) <= tolerance
 
 
-class _LargestTensor(TorchDispatchMode):
-    """Records the largest numel among the outputs of every aten op run under it."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.largest = 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        for x in out if isinstance(out, (tuple, list)) else (out,):
-            if isinstance(x, torch.Tensor):
-                self.largest = max(self.largest, x.numel())
-        return out
-
-
 def test_memory_is_linear_in_length():
     """No (Tq, Tk) tensor in forward or backward: the largest is a few (M, T, D) buffers."""
     batch, heads, slices, length, dim = 1, 2, 2, 4096, 4
     s, t, v, bandwidth = attention_inputs(batch, heads, slices, length, length, dim, seed=8, bandwidth=True)
     leaves = [x.requires_grad_() for x in (s, t, v, bandwidth)]
-    with _LargestTensor() as mode:
+    with LargestTensor() as mode:
         out = sliced_relu_bump(*leaves)
         torch.autograd.grad(out, leaves, torch.ones_like(out))
     assert mode.largest <= 8 * batch * heads * slices * (length + 1) * dim < length * length
