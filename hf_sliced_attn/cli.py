@@ -19,9 +19,8 @@ import logging
 import sys
 from collections.abc import Sequence
 
-from hf_sliced_attn_cli import COMMANDS, DESCRIPTION, EPILOG, PROG
+from hf_sliced_attn_cli import COMMANDS, DESCRIPTION, EPILOG, EXIT_ERROR, PROG
 
-EXIT_ERROR = 1
 EXIT_INTERRUPTED = 130
 
 

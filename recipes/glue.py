@@ -54,6 +54,8 @@ optimizer and schedule (:func:`prepare_training`) -> resume -> training loop
 * local csv / tsv / json files in any GLUE task's format are accepted, with the text
   columns inferred (``glue_data.py``, beside this script); errors on bad input say what was
   found and what was expected.
+* without the Hub (``HF_HUB_OFFLINE``, or no answer), a run that needs an uncached GLUE task or model
+  fails before the heavy imports, in a fraction of a second (``hub_preflight.py``).
 
 Outputs in ``--output_dir``: the model (LoRA merged), the tokenizer, ``all_results.json``
 (``eval_<metric>`` keys, ``_mm`` for MNLI mismatched; ``attention_transfer``: its steps, time and
@@ -65,13 +67,19 @@ optimizer update), ``README.md`` (the package's GLUE model card,
 
 from __future__ import annotations
 
+import sys
+
+from hub_preflight import PRESETS_FILE, exit_if_the_hub_is_needed_and_unusable, load_presets
+
+if __name__ == "__main__":  # before the imports below take seconds: without the Hub, a Hub-only run fails at once
+    exit_if_the_hub_is_needed_and_unusable(sys.argv[1:])
+
 import argparse
 import json
 import logging
 import math
 import os
 import shutil
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -111,12 +119,11 @@ from hf_sliced_attn.distributed import cpu_process_group_kwargs
 from hf_sliced_attn.integration import converted_layer_indices
 from hf_sliced_attn.mechanisms import CONFIG_KEY, parse_layers
 
-from glue_data import (FILE_BUILDERS, GLUE_HUB_DATASET, RECIPES_DIR, SAMPLE_DIR, TASKS, DataError, GlueData, label_names,
+from glue_data import (FILE_BUILDERS, GLUE_HUB_DATASET, SAMPLE_DIR, TASKS, DataError, GlueData, label_names,
                         load_metric, local_dataset_name, prepare_data)
 
 logger = get_logger(__name__)
 
-PRESETS_FILE = RECIPES_DIR / "configs" / "presets.json"
 
 BASE_ATTN_IMPLEMENTATIONS = ("sdpa", "eager")
 """The softmax attentions of transformers; the plugin's mechanisms are read from hf_sliced_attn.MECHANISMS."""
@@ -260,11 +267,6 @@ def add_output_arguments(ckpt) -> None:
     ckpt.add_argument("--push_to_hub", action="store_true", help="Upload --output_dir to the Hub at the end.")
     ckpt.add_argument("--hub_model_id", default=None, help="Repository for --push_to_hub (default: the output_dir name).")
     ckpt.add_argument("--hub_private", action="store_true")
-
-
-def load_presets() -> dict:
-    with PRESETS_FILE.open() as f:
-        return {k: v for k, v in json.load(f).items() if not k.startswith("_")}
 
 
 def parse_args(argv=None) -> argparse.Namespace:

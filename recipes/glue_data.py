@@ -19,6 +19,8 @@ from datasets import DatasetDict, load_dataset
 
 from hf_sliced_attn.conversion.model_sources import hub_unreachable
 
+from hub_preflight import GLUE_HUB_DATASET, glue_task_unavailable
+
 logger = get_logger(__name__)
 
 RECIPES_DIR = Path(__file__).resolve().parent
@@ -32,7 +34,6 @@ class DataError(Exception):
     """Data the recipe cannot use; the message names what was found and what was expected."""
 
 
-GLUE_HUB_DATASET = "nyu-mll/glue"
 TASK_TO_KEYS = {
     "cola": ("sentence", None),
     "mnli": ("premise", "hypothesis"),
@@ -93,11 +94,7 @@ def load_raw_datasets(args) -> DatasetDict:
         except Exception as err:  # offline, DNS failure, timeout, missing from the cache ...
             why = (f"{unreachable} and it is not in the local datasets cache" if unreachable else
                    f"it could not be downloaded ({type(err).__name__}: {err})")
-            raise DataError(
-                f"Cannot load GLUE task {args.task_name!r} from the Hub dataset {GLUE_HUB_DATASET}: {why}. "
-                f"Use local files instead: --train_file/--validation_file (csv, tsv or json in GLUE format) "
-                f"with --task_name {args.task_name} to keep the task's metric."
-            ) from err
+            raise DataError(glue_task_unavailable(args.task_name, why)) from err
         if args.task_name == "mnli":
             raw = DatasetDict(train=raw["train"], validation=raw["validation_matched"],
                               validation_mismatched=raw["validation_mismatched"])
