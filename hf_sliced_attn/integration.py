@@ -123,12 +123,13 @@ def attach_modules(module: nn.Module, config: PretrainedConfig, spec: Architectu
             f"{options.mechanism!r} is for encoders: this config has is_decoder/add_cross_attention set. "
             "Use it on encoder models only."
         )
-    converts = converts_layer(config, module.layer_idx)
+    local = spec.is_local_layer(config, module.layer_idx)
+    converts = options.converts_layer(module.layer_idx, config.num_hidden_layers, local)
     setattr(module, LAYER_MODE_ATTR, options.mechanism if converts else SOFTMAX)
     if not converts:
         return []
     num_heads, head_dim = spec.head_shape(module)
-    new = MECHANISMS[options.mechanism].build_modules(options, num_heads, head_dim)
+    new = MECHANISMS[options.mechanism].build_modules(options, num_heads, head_dim, local)
     for name, child in new.items():
         setattr(module, name, child)
     return list(new.values())

@@ -154,7 +154,8 @@ class Mechanism:
     Attributes:
         config_class: its options (saved in config.json under ``hf_sliced_attn``).
         module_names: the attributes under which ``build_modules`` may put modules on an attention layer.
-        build_modules: (options, num_heads, head_dim) -> {attribute name: new module}, uninitialised.
+        build_modules: (options, num_heads, head_dim, local) -> {attribute name: new module}, uninitialised;
+            ``local`` says whether the layer attends within a sliding window (ModernBERT's local layers).
         attend: the attention itself (:data:`AttendFunction`).
         input_attention: the same attention from the layer input (:class:`InputAttention`), or None.
         title: its name in prose ("Sliced ReLU attention").
@@ -172,7 +173,7 @@ class Mechanism:
 
     config_class: type[MechanismConfig]
     module_names: tuple[str, ...]
-    build_modules: Callable[[Any, int, int], dict[str, PluginModule]]
+    build_modules: Callable[[Any, int, int, bool], dict[str, PluginModule]]
     attend: AttendFunction
     title: str
     tag: str

@@ -166,8 +166,9 @@ def test_built_initialised_saved_reloaded_and_equal_to_the_reference(checkpoint,
 
 @pytest.mark.parametrize("combine", WINDOW_COMBINES)
 def test_modernbert_local_layers_keep_the_windowed_sliced_kernel(combine, monkeypatch):
-    """With ``layers="all"``, ModernBERT's local layers run the windowed sliced kernel as without the option
-    (their window module goes unused); only the global layer combines with a softmax window."""
+    """With ``layers="all"``, ModernBERT's local layers run the windowed sliced kernel as without the option,
+    and have no window module (none of their weights goes unused); only the global layer combines with a
+    softmax window."""
     torch.manual_seed(0)
     config = hf_sliced_attn.prepare_config(tiny_config("modernbert"), "sliced_relu", layers="all",
                                            local_window=WINDOW, window_combine=combine)
@@ -180,6 +181,8 @@ def test_modernbert_local_layers_keep_the_windowed_sliced_kernel(combine, monkey
     assert [seen["sliding_window"] is None for seen in layers] == [True, False, False]
     assert ["output" in seen for seen in layers] == [True, False, False] and len(calls) == 2
     assert relative_error(layers[0]["output"], reference_output(layers[0])) <= 1e-5
+    window_module = sliced_attention.WINDOW_MODULES[combine][0]
+    assert [hasattr(layer.attn, window_module) for layer in model.layers] == [True, False, False]
 
 
 @contextmanager

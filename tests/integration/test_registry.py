@@ -47,7 +47,7 @@ def _attend(module, query, key, value, key_padding_mask, scaling, sliding_window
     return out.transpose(1, 2)
 
 
-def _build(options: MeanConfig, num_heads: int, head_dim: int) -> dict[str, nn.Module]:
+def _build(options: MeanConfig, num_heads: int, head_dim: int, local: bool) -> dict[str, nn.Module]:
     return {"mean_gain": HeadGain(num_heads)}
 
 

@@ -10,8 +10,8 @@ from .config import RelaConfig
 from .modules import GatedRMSNorm
 
 
-def build_modules(options: RelaConfig, num_heads: int, head_dim: int) -> dict[str, nn.Module]:
-    """``rela_norm``, over the H*D features of all heads."""
+def build_modules(options: RelaConfig, num_heads: int, head_dim: int, local: bool) -> dict[str, nn.Module]:
+    """``rela_norm``, over the H*D features of all heads, on local and global layers alike."""
     return {"rela_norm": GatedRMSNorm(num_heads * head_dim, eps=options.norm_eps)}
 
 

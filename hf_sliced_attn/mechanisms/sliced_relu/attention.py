@@ -30,16 +30,17 @@ WINDOW_MODULES = {
 """``window_combine`` -> the attribute and class of the module that holds its per-head weights."""
 
 
-def build_modules(options: SlicedReluConfig, num_heads: int, head_dim: int) -> dict[str, nn.Module]:
+def build_modules(options: SlicedReluConfig, num_heads: int, head_dim: int, local: bool) -> dict[str, nn.Module]:
     """``sliced_projection`` (linear or MLP), ``sliced_bandwidth`` for the bump kernel, with
-    ``affine_output`` ``sliced_output``, and with a ``local_window`` the module of its ``window_combine``."""
+    ``affine_output`` ``sliced_output``, and with a ``local_window`` the module of its ``window_combine``, on
+    global layers only: a ``local`` layer (ModernBERT's sliding window) runs the windowed sliced kernel alone."""
     projection = SlicedMLPProjection if options.projection == "mlp" else SlicedProjection
     modules: dict[str, nn.Module] = {"sliced_projection": projection(num_heads, head_dim, options.num_slices)}
     if options.kernel == "bump":
         modules["sliced_bandwidth"] = SlicedBandwidth(num_heads, options.num_slices)
     if options.affine_output:
         modules["sliced_output"] = SlicedOutputAffine(num_heads)
-    if options.local_window > 0:
+    if options.local_window > 0 and not local:
         name, window_class = WINDOW_MODULES[options.window_combine]
         modules[name] = window_class(num_heads, options.local_window)
     return modules
@@ -62,10 +63,10 @@ def attend(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: tor
     (B, T, H, D). On a global layer with a local-window module, that is combined with softmax over
     the keys within its window (:func:`~hf_sliced_attn.ops.local_window_attention`, with ``scaling``);
     otherwise ``scaling`` is unused (the kernels act on the projected scalars only). A local layer
-    (``sliding_window``) keeps the windowed sliced kernel, with or without a local-window module."""
+    (``sliding_window``) runs the windowed sliced kernel; it has no local-window module."""
     query_scalars, key_scalars = module.sliced_projection(query, key, key_padding_mask)
     window = _window_module(module)
-    if window is None or sliding_window is not None:
+    if window is None:
         return _attend_scalars(module, query_scalars, key_scalars, value, key_padding_mask, sliding_window)
     shared = window.combine == "shared"
     sliced = _sliced_term(module, query_scalars, key_scalars, value, key_padding_mask, None, shared)
