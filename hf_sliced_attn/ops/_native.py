@@ -1,11 +1,12 @@
 """The package's C++ CPU kernels (``ops/csrc/*.cpp``): built on first use, loaded with ctypes.
 
-The kernels are C++17 with a C interface; the only torch header they include is
+The kernels are C++17 with a C interface, one library per ``csrc/<name>.cpp``, sharing the
+headers of ``csrc/`` (``sorted_sweep.h``); the only torch header they include is
 ``ATen/Parallel.h`` (their threads are torch's intra-op pool), so building one takes a few
 seconds with the system's C++ compiler (``$CXX``, else ``c++``/``g++``). The shared library
 is cached in ``$HF_SLICED_ATTN_CACHE`` (default ``~/.cache/hf_sliced_attn/kernels``), keyed by
-the source, the compiler, torch's version, the flags and the CPU, so it is built once per
-machine and torch, under a file lock so that concurrent processes build it once. ctypes
+the source and the headers beside it, the compiler, torch's version, the flags and the CPU, so
+it is built once per machine and torch, under a file lock so that concurrent processes build it once. ctypes
 releases the GIL during a call.
 
 Where no kernel can be built (no compiler), :func:`load` returns None once, with a warning
@@ -74,15 +75,16 @@ def _cache_dir() -> Path:
 
 
 def _build(source: Path, compiler: str) -> Path:
-    """Compile ``source`` into the cache (once per source, compiler and machine) -> the library's path.
+    """Compile ``source`` into the cache (once per source and headers, compiler and machine) -> the library's path.
 
     A file lock beside the library makes concurrent processes (the ranks of a distributed run, say)
     build it once: the first compiles while the others wait, then find it built.
     """
     version = subprocess.run([compiler, "--version"], capture_output=True, text=True, check=True).stdout
     flags = _flags()
+    headers = [header.read_text() for header in sorted(source.parent.glob("*.h"))]
     key = hashlib.sha256(
-        "\0".join([source.read_text(), compiler, version, torch.__version__, *flags, _machine()]).encode()
+        "\0".join([source.read_text(), *headers, compiler, version, torch.__version__, *flags, _machine()]).encode()
     ).hexdigest()[:16]
     target = _cache_dir() / f"{source.stem}-{key}.so"
     if target.exists():

@@ -55,6 +55,13 @@ queries. At a kink the gradient takes slope 0: a key tied with a query (|.|'s co
 torch) and a key exactly at s +- b (ReLU's). The sorting, ranking, blocked prefix scans
 and chunking are shared with :mod:`.sliced_relu` (:mod:`._sorted`).
 
+Implementations. :func:`sliced_relu_bump` picks one by device, as :func:`.sliced_relu.sliced_relu`
+does, never by a flag of the caller's: on CPU the C++ sweep kernel of :mod:`.sliced_relu_cpu`
+(the same function and conventions, with no D-wide prefix tensors: three cursors through the
+sorted keys carry the window's running sums in float64, so its float32 error does not grow as
+the bandwidth narrows), where it builds; on other devices, and on CPU where no C++ compiler is
+found (with a warning), the torch implementation above.
+
 Departures from the authors' code (``models/sliced_relu_bump_attention.py`` of
 github.com/SiwanB/Sliced_ReLU_Attention), which computes the same kernel:
 
@@ -86,6 +93,7 @@ import torch
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
+from . import sliced_relu_cpu
 from ._common import compute_dtype
 from ._sorted import (
     SortedScalars,
@@ -362,8 +370,9 @@ def sliced_relu_bump(
         query_scalars, key_scalars = query_scalars.unsqueeze(2), key_scalars.unsqueeze(2)
         bandwidth = bandwidth.unsqueeze(1)
     bandwidth = bandwidth.to(value.device)
+    valid = valid_keys(value, key_padding_mask)
+    if value.device.type == "cpu" and sliced_relu_cpu.bump_available():
+        return sliced_relu_cpu.sliced_relu_bump_cpu(query_scalars, key_scalars, value, bandwidth, valid)
     # What the backward needs is kept only when there will be one (not under no_grad).
     keep = torch.is_grad_enabled() and any(x.requires_grad for x in (query_scalars, key_scalars, value, bandwidth))
-    return _SlicedReLUBumpFunction.apply(
-        query_scalars, key_scalars, value, bandwidth, valid_keys(value, key_padding_mask), keep
-    )
+    return _SlicedReLUBumpFunction.apply(query_scalars, key_scalars, value, bandwidth, valid, keep)

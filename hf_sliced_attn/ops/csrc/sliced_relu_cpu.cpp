@@ -34,198 +34,32 @@
 // query_order (G, M, Tq) int32 (ascending s) and den (G, M, Tq) double. Groups are split
 // over torch's intra-op threads (at::parallel_for). Entry points return 0, or 1 after an exception.
 
-#include <ATen/Parallel.h>
+#include "sorted_sweep.h"
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <cstring>
 #include <limits>
-#include <utility>
 #include <vector>
 
 namespace {
 
-using Index = std::int64_t;
+using namespace sorted_sweep;
 
-struct Shape {
-  Index batch, heads, slices, q_len, k_len, dim;
-  Index groups() const { return batch * heads; }
-};
-
-// The rows of one (batch, head) group of a (B, H, T, D) tensor whose last dim is contiguous:
-// rows[i] points at token i's D values.
-template <typename T>
-struct Rows {
-  T* base;
-  Index stride;
-  T* operator[](Index row) const { return base + row * stride; }
-};
-
-// Group g = b * H + h of a tensor with element strides (batch, head, token).
-template <typename T>
-Rows<T> group_rows(T* data, const Index* strides, const Shape& shape, Index g) {
-  return {data + (g / shape.heads) * strides[0] + (g % shape.heads) * strides[1], strides[2]};
-}
-
-template <typename T>
-void fill_rows(Rows<T> rows, Index count, Index dim, T value) {
-  for (Index i = 0; i < count; ++i) std::fill(rows[i], rows[i] + dim, value);
-}
-
-// Rows are visited in sorted order, i.e. at random: fetch the row kAhead visits ahead into cache.
-constexpr Index kAhead = 8;
-
+// The valid keys of one group and their mean value (double, D).
 template <typename Scalar>
-inline void prefetch_row(const Scalar* row, Index dim) {
-  const char* bytes = reinterpret_cast<const char*>(row);
-  for (Index offset = 0; offset < dim * Index(sizeof(Scalar)); offset += 64) __builtin_prefetch(bytes + offset);
-}
-
-// Each thread takes groups worth at least this many D-wide element visits (a smaller call runs
-// on one thread: starting the others would cost more than it saves).
-constexpr Index kParallelWork = Index(1) << 16;
-
-// body(g) for every group g, over torch's intra-op thread pool (the threads torch's own ops
-// use, so none compete with them for the cores); 0, or 1 after an exception.
-template <typename Body>
-int parallel_groups(const Shape& shape, Body body) {
-  const Index per_group = std::max<Index>(1, shape.slices * (shape.q_len + shape.k_len) * shape.dim);
-  const Index grain = std::max<Index>(1, kParallelWork / per_group);
-  try {
-    at::parallel_for(0, shape.groups(), grain, [&](Index begin, Index end) {
-      for (Index g = begin; g < end; ++g) body(g);
-    });
-  } catch (...) {
-    return 1;
-  }
-  return 0;
-}
-
-// The valid keys of one group: their indices, count and mean value (double, D).
-template <typename Scalar>
-struct ValidKeys {
-  std::vector<std::int32_t> index;
+struct CentredKeys : ValidKeys {
   std::vector<double> mean;
 
   void load(const Shape& shape, const std::uint8_t* valid_row, Rows<const Scalar> v) {
-    index.clear();
+    ValidKeys::load(valid_row, shape.k_len);
     mean.assign(shape.dim, 0.0);
-    for (Index j = 0; j < shape.k_len; ++j) {
-      if (!valid_row[j]) continue;
-      index.push_back(static_cast<std::int32_t>(j));
+    for (auto j : index) {
       const Scalar* row = v[j];
       for (Index d = 0; d < shape.dim; ++d) mean[d] += row[d];
     }
     const double count = std::max<double>(1.0, static_cast<double>(index.size()));
     for (auto& x : mean) x /= count;
-  }
-  Index n() const { return static_cast<Index>(index.size()); }
-};
-
-// Sorts n doubles, carrying an int32 index each: an LSD radix sort on order-preserving 64-bit
-// keys, one byte a pass, skipping the bytes that all keys share (the low mantissa bytes of
-// float32 values, the sign and exponent bytes of values of one scale).
-struct RadixSort {
-  std::vector<std::uint64_t> keys, keys_swap;
-  std::vector<std::int32_t> index, index_swap;
-
-  void assign(Index n) {
-    keys.resize(n);
-    index.resize(n);
-    keys_swap.resize(n);
-    index_swap.resize(n);
-  }
-  static std::uint64_t key(double x) {
-    std::uint64_t bits;
-    std::memcpy(&bits, &x, sizeof bits);
-    return (bits >> 63) ? ~bits : bits | (std::uint64_t(1) << 63);
-  }
-  static double value(std::uint64_t key) {
-    const std::uint64_t bits = (key >> 63) ? key & ~(std::uint64_t(1) << 63) : ~key;
-    double x;
-    std::memcpy(&x, &bits, sizeof x);
-    return x;
-  }
-  void run() {
-    const Index n = static_cast<Index>(keys.size());
-    if (n < 2) return;
-    Index counts[8][256] = {};
-    for (std::uint64_t k : keys)
-      for (int byte = 0; byte < 8; ++byte) ++counts[byte][(k >> (8 * byte)) & 255];
-    for (int byte = 0; byte < 8; ++byte) {
-      Index* count = counts[byte];
-      if (count[(keys[0] >> (8 * byte)) & 255] == n) continue;
-      Index offset = 0;
-      for (int digit = 0; digit < 256; ++digit) offset += std::exchange(count[digit], offset);
-      for (Index k = 0; k < n; ++k) {
-        const Index to = count[(keys[k] >> (8 * byte)) & 255]++;
-        keys_swap[to] = keys[k];
-        index_swap[to] = index[k];
-      }
-      keys.swap(keys_swap);
-      index.swap(index_swap);
-    }
-  }
-};
-
-// The mean of the valid keys' scalars: the centre of a slice (the kernel is shift-invariant).
-inline double centre_of(const double* t, const std::vector<std::int32_t>& valid) {
-  double centre = 0.0;
-  for (auto j : valid) centre += t[j];
-  return centre / std::max<double>(1.0, static_cast<double>(valid.size()));
-}
-
-// One slice of one group in sorted order: centred key scalars ts (valid keys, ascending),
-// centred query scalars ss (ascending) and the original indices of both.
-struct SortedSlice {
-  RadixSort sorter;
-  std::vector<double> ts, ss;
-  std::vector<std::int32_t> key_index, query_index;
-  double total_t = 0.0;  // P_t(n)
-
-  // Sorts the slice; false if a scalar is not finite.
-  bool sort(const double* s, const double* t, const std::vector<std::int32_t>& valid, Index q_len) {
-    const Index n = static_cast<Index>(valid.size());
-    const double centre = centre_of(t, valid);
-    if (!std::isfinite(centre)) return false;
-    sorter.assign(n);
-    for (Index k = 0; k < n; ++k) sorter.keys[k] = RadixSort::key(t[valid[k]]), sorter.index[k] = valid[k];
-    sorter.run();
-    key_index = sorter.index;
-    centred(sorter, centre, ts);
-    total_t = 0.0;
-    for (double x : ts) total_t += x;
-    sorter.assign(q_len);
-    for (Index i = 0; i < q_len; ++i) {
-      if (!std::isfinite(s[i])) return false;
-      sorter.keys[i] = RadixSort::key(s[i]), sorter.index[i] = static_cast<std::int32_t>(i);
-    }
-    sorter.run();
-    query_index = sorter.index;
-    centred(sorter, centre, ss);
-    return true;
-  }
-
-  // Reload from the orders the forward saved (key_order holds the valid keys first).
-  void load(const double* s, const double* t, const std::vector<std::int32_t>& valid, const std::int32_t* key_order,
-            const std::int32_t* query_order, Index q_len) {
-    const Index n = static_cast<Index>(valid.size());
-    const double centre = centre_of(t, valid);
-    key_index.assign(key_order, key_order + n);
-    query_index.assign(query_order, query_order + q_len);
-    ts.resize(n);
-    total_t = 0.0;
-    for (Index k = 0; k < n; ++k) total_t += (ts[k] = t[key_order[k]] - centre);
-    ss.resize(q_len);
-    for (Index i = 0; i < q_len; ++i) ss[i] = s[query_order[i]] - centre;
-  }
-
- private:
-  // x - centre is non-decreasing in x, so the centred values stay sorted.
-  static void centred(const RadixSort& sorted, double centre, std::vector<double>& out) {
-    out.resize(sorted.keys.size());
-    for (size_t k = 0; k < out.size(); ++k) out[k] = RadixSort::value(sorted.keys[k]) - centre;
   }
 };
 
@@ -271,7 +105,7 @@ void forward_group(const Shape& shape, Index g, const double* s, const double* t
   const Index M = shape.slices, Tq = shape.q_len, Tk = shape.k_len, D = shape.dim;
   const Rows<const Scalar> vg = group_rows(v, strides, shape, g);
   const Rows<Scalar> og = group_rows(out, strides + 3, shape, g);
-  thread_local ValidKeys<Scalar> keys;
+  thread_local CentredKeys<Scalar> keys;
   thread_local SortedSlice slice;
   thread_local RunningPrefix<Scalar> prefix;
   const std::uint8_t* valid_row = valid + (g / shape.heads) * Tk;
@@ -283,17 +117,13 @@ void forward_group(const Shape& shape, Index g, const double* s, const double* t
     std::int32_t* ko = key_order + gm * Tk;
     std::int32_t* qo = query_order + gm * Tq;
     double* dg = den + gm * Tq;
-    if (!slice.sort(s + gm * Tq, t + gm * Tk, keys.index, Tq)) {
+    const bool sorted = slice.sort(s + gm * Tq, t + gm * Tk, keys.index, Tq);
+    slice.save_orders(sorted, valid_row, Tk, Tq, ko, qo);
+    if (!sorted) {
       fill_rows(og, Tq, D, std::numeric_limits<Scalar>::quiet_NaN());
-      for (Index k = 0; k < Tk; ++k) ko[k] = static_cast<std::int32_t>(k);
-      for (Index i = 0; i < Tq; ++i) qo[i] = static_cast<std::int32_t>(i);
       std::fill(dg, dg + Tq, std::numeric_limits<double>::quiet_NaN());
       continue;
     }
-    std::copy(slice.key_index.begin(), slice.key_index.end(), ko);
-    for (Index j = 0, k = n; j < Tk; ++j)
-      if (!valid_row[j]) ko[k++] = static_cast<std::int32_t>(j);
-    std::copy(slice.query_index.begin(), slice.query_index.end(), qo);
     prefix.reset(D);
     for (Index q = 0; q < Tq; ++q) {
       if (q + kAhead < Tq) prefetch_row(og[slice.query_index[q + kAhead]], D);
@@ -320,7 +150,7 @@ struct BackwardScratch {
 
 // Ascending sweep: dL/ds and e_i (per sorted query) for one slice; fills scratch.e, scratch.w.
 template <typename Scalar>
-void scalar_gradients(const Shape& shape, const SortedSlice& slice, const ValidKeys<Scalar>& keys,
+void scalar_gradients(const Shape& shape, const SortedSlice& slice, const CentredKeys<Scalar>& keys,
                       Rows<const Scalar> vg, Rows<const Scalar> gg, const double* dg, double* ds,
                       BackwardScratch& scratch, RunningPrefix<Scalar>& prefix) {
   const Index M = shape.slices, Tq = shape.q_len, D = shape.dim, n = keys.n();
@@ -373,7 +203,7 @@ inline void key_sign_gradients(const SortedSlice& slice, const std::vector<doubl
 
 // Descending sweep: adds dL/du_j into du (Tk, D) and -u_j . S_w(j) into dt, for the valid keys.
 template <typename Scalar>
-void value_gradients(const Shape& shape, const SortedSlice& slice, const ValidKeys<Scalar>& keys,
+void value_gradients(const Shape& shape, const SortedSlice& slice, const CentredKeys<Scalar>& keys,
                      Rows<const Scalar> vg, Rows<const Scalar> gg, Rows<Scalar> du, double* dt,
                      BackwardScratch& scratch) {
   const Index Tq = shape.q_len, D = shape.dim, n = keys.n();
@@ -422,7 +252,7 @@ void backward_group(const Shape& shape, Index g, const Scalar* grad, const doubl
   const Rows<const Scalar> gg = group_rows(grad, strides, shape, g);
   const Rows<const Scalar> vg = group_rows(v, strides + 3, shape, g);
   const Rows<Scalar> dvg = group_rows(dv, strides + 6, shape, g);  // dL/du over the slices, then dL/dv
-  thread_local ValidKeys<Scalar> keys;
+  thread_local CentredKeys<Scalar> keys;
   thread_local SortedSlice slice;
   thread_local RunningPrefix<Scalar> prefix;
   thread_local BackwardScratch scratch;
