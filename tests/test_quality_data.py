@@ -29,7 +29,7 @@ def normalise(text):
 
 
 def test_files_exist():
-    for name in [*(f"{s}.csv" for s in SPLITS), "heldout_docstrings.txt", "LICENSE.md"]:
+    for name in [*(f"{s}.csv" for s in SPLITS), "heldout_docstrings.txt", "reporting_reference.txt", "LICENSE.md"]:
         assert (DATA / name).is_file(), name
     note = (DATA / "LICENSE.md").read_text()
     assert "WordNet 3.0 Copyright 2006 by Princeton University" in note
@@ -76,3 +76,19 @@ def test_heldout_docstrings(splits):
     train = {normalise(s) for s, _ in splits["train"]}
     assert not train & {normalise(line) for line in lines}
     assert len({" ".join(normalise(line).split()[:3]) for line in lines}) > 200
+
+
+def test_reporting_reference_is_other_text_than_all_the_rest(splits):
+    """The conversion's reporting text shares no passage with the tuning text (the docstrings) or the glosses,
+    and its passages are paragraphs, longer than the docstrings' first sentences."""
+    lines = (DATA / "reporting_reference.txt").read_text(encoding="utf-8").splitlines()
+    assert len(lines) == 300
+    assert all(line.strip() == line and 30 <= len(line.split()) <= 150 and line.endswith(".") for line in lines)
+    reporting = {normalise(line) for line in lines}
+    assert len(reporting) == len(lines)
+    docstrings = {normalise(line) for line in (DATA / "heldout_docstrings.txt").read_text(encoding="utf-8").splitlines()}
+    glosses = {normalise(s) for rows in splits.values() for s, _ in rows}
+    assert not reporting & docstrings and not reporting & glosses
+    words = sorted(len(line.split()) for line in lines)
+    docstring_words = sorted(len(line.split()) for line in docstrings)
+    assert words[len(words) // 2] >= 3 * docstring_words[len(docstring_words) // 2]

@@ -49,8 +49,20 @@ script and the seed: running it twice gives the same bytes.
    module, then the second, ...) until ``HELDOUT_PASSAGES`` distinct passages are taken, so the
    text covers the library rather than a few large modules.
 
-3. ``LICENSE.md``: the WordNet 3.0 license (quoted from the header of ``data.noun``), the PSF
-   license of the docstrings, how the files were built (this command, the WordNet package
+3. **Reporting text for the conversion fidelity** (``reporting_reference.txt``, one passage per
+   line), never used to choose a setting: the docstrings above are the tuning text (the converter's
+   defaults were chosen on them), these paragraphs report. They are paragraphs of the Python
+   Language Reference as the interpreter ships it for ``help()`` (``pydoc_data.topics``): topics
+   in sorted order, each topic's text cut into paragraphs at blank lines, whitespace collapsed;
+   kept when a paragraph has ``REPORTING_MIN_WORDS`` to ``REPORTING_MAX_WORDS`` words, starts with
+   a capital (so no list item), ends with a period and holds no doctest prompt. Topics are visited
+   round-robin, as modules above, until ``REPORTING_PASSAGES`` distinct paragraphs are taken. They
+   are prose of a few sentences (75 all-MiniLM-L6-v2 tokens at the median, 141 at the 90th
+   percentile), four times the docstrings' first sentences (17), so attention reaches well past
+   a small local window.
+
+4. ``LICENSE.md``: the WordNet 3.0 license (quoted from the header of ``data.noun``), the PSF
+   license of the docstrings and the reference, how the files were built (this command, the WordNet package
    version, the SHA-256 of ``data.noun``, the Python version) and the class counts.
 """
 
@@ -85,6 +97,8 @@ PREFIX_CAP = 12
 
 HELDOUT_PASSAGES = 300
 HELDOUT_MIN_WORDS, HELDOUT_MAX_WORDS = 8, 60
+REPORTING_PASSAGES = 300
+REPORTING_MIN_WORDS, REPORTING_MAX_WORDS = 30, 150
 EXCLUDED_MODULES = {
     "antigravity", "this",                                   # open a browser / print on import
     "idlelib", "tkinter", "turtle", "turtledemo",            # GUI
@@ -198,19 +212,43 @@ def module_passages(name: str) -> list[str]:
     return passages
 
 
-def build_docstrings(exclude: set[str]) -> list[str]:
-    modules = sorted(m for m in sys.stdlib_module_names if not m.startswith("_") and m not in EXCLUDED_MODULES)
-    per_module = [module_passages(m) for m in modules]
+def round_robin(per_source: list[list[str]], count: int, exclude: set[str], what: str) -> list[str]:
+    """``count`` distinct passages, the first of every source, then the second, ..., skipping any whose
+    normalised text is in ``exclude`` or already taken: the text covers all sources, not a few large ones."""
     taken: list[str] = []
     seen = set(exclude)
-    for depth in range(max(map(len, per_module))):
-        for passages in per_module:
+    for depth in range(max(map(len, per_source))):
+        for passages in per_source:
             if depth < len(passages) and normalise(passages[depth]) not in seen:
                 seen.add(normalise(passages[depth]))
                 taken.append(passages[depth])
-                if len(taken) == HELDOUT_PASSAGES:
+                if len(taken) == count:
                     return taken
-    raise SystemExit(f"Only {len(taken)} docstring passages found, {HELDOUT_PASSAGES} needed.")
+    raise SystemExit(f"Only {len(taken)} {what} found, {count} needed.")
+
+
+def build_docstrings(exclude: set[str]) -> list[str]:
+    modules = sorted(m for m in sys.stdlib_module_names if not m.startswith("_") and m not in EXCLUDED_MODULES)
+    return round_robin([module_passages(m) for m in modules], HELDOUT_PASSAGES, exclude, "docstring passages")
+
+
+# ----------------------------------------------------------------------------- the language reference
+def reference_paragraphs(text: str) -> list[str]:
+    """The paragraphs of one ``pydoc_data.topics`` topic that :func:`build_reporting_text` keeps."""
+    kept = []
+    for paragraph in re.split(r"\n\s*\n", text):
+        paragraph = " ".join(paragraph.split())
+        if (REPORTING_MIN_WORDS <= len(paragraph.split()) <= REPORTING_MAX_WORDS and paragraph[0].isupper()
+                and paragraph.endswith(".") and ">>>" not in paragraph):
+            kept.append(paragraph)
+    return kept
+
+
+def build_reporting_text(exclude: set[str]) -> list[str]:
+    from pydoc_data.topics import topics
+
+    per_topic = [reference_paragraphs(topics[name]) for name in sorted(topics)]
+    return round_robin(per_topic, REPORTING_PASSAGES, exclude, "reference paragraphs")
 
 
 # ----------------------------------------------------------------------------- license note
@@ -245,7 +283,8 @@ it again gives the same files.
 | `train.csv` | 1600 | WordNet noun definitions, `sentence,label` (label: the supersense) |
 | `validation.csv` | 400 | same, for tuning and the default benchmark split |
 | `test.csv` | 400 | same, held out: final figures only |
-| `heldout_docstrings.txt` | {HELDOUT_PASSAGES} | first sentences of Python {python} standard-library docstrings |
+| `heldout_docstrings.txt` | {HELDOUT_PASSAGES} | first sentences of Python {python} standard-library docstrings (conversion: tuning text) |
+| `reporting_reference.txt` | {REPORTING_PASSAGES} | paragraphs of the Python {python} Language Reference, `pydoc_data.topics` (conversion: reporting text, never used for choosing) |
 
 Inputs: Debian package `wordnet-base` {package_version('wordnet-base')}, `data.noun` SHA-256
 `{digest}`; CPython {python}.
@@ -275,9 +314,10 @@ Reference: George A. Miller (1995). WordNet: A Lexical Database for English.
 Communications of the ACM 38(11): 39-41. Christiane Fellbaum (1998, ed.) WordNet: An
 Electronic Lexical Database. Cambridge, MA: MIT Press.
 
-## Python Software Foundation License (`heldout_docstrings.txt`)
+## Python Software Foundation License (`heldout_docstrings.txt`, `reporting_reference.txt`)
 
-The passages are excerpts of the docstrings of the CPython {python} standard library,
+The passages are excerpts of the docstrings of the CPython {python} standard library and of the
+Python Language Reference as it ships with CPython {python} (`pydoc_data.topics`),
 Copyright (c) 2001 Python Software Foundation; All Rights Reserved, used under the PSF
 License Agreement for Python (version 2), which grants a "nonexclusive, royalty-free,
 world-wide license to reproduce, analyze, test, perform and/or display publicly, prepare
@@ -306,11 +346,13 @@ def main(argv: list[str] | None = None) -> None:
     glosses = {normalise(s) for rows in splits.values() for s, _ in rows}
     docstrings = build_docstrings(exclude=glosses)
     (args.output / "heldout_docstrings.txt").write_text("\n".join(docstrings) + "\n", encoding="utf-8")
+    reference = build_reporting_text(exclude=glosses | {normalise(d) for d in docstrings})
+    (args.output / "reporting_reference.txt").write_text("\n".join(reference) + "\n", encoding="utf-8")
     (args.output / "LICENSE.md").write_text(license_note(data_noun, counts, args.seed), encoding="utf-8")
     for label, c in sorted(counts.items()):
         print(f"{label:20s} synsets {c['synsets']:6d}  usable {c['candidates']:6d}")
     print(f"wrote {', '.join(f'{n} {len(r)}' for n, r in splits.items())}, "
-          f"{len(docstrings)} docstring passages to {args.output}")
+          f"{len(docstrings)} docstring passages, {len(reference)} reference paragraphs to {args.output}")
 
 
 if __name__ == "__main__":
