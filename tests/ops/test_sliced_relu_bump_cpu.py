@@ -128,12 +128,9 @@ def test_ties_and_keys_on_the_window_edges(slices, torch_implementation):
     """Integer scalars and bandwidths: queries tied with keys, keys exactly at s +- b. The output and
     the value gradient match the reference; every gradient matches the torch implementation, whose
     conventions at the kinks (slope 0) the kernel follows."""
-    generator = torch.Generator().manual_seed(3)
-    lead = (2, 3) if slices is None else (2, 3, slices)
-    s = torch.randint(-4, 5, (*lead, 40), generator=generator).float()
-    t = torch.randint(-4, 5, (*lead, 50), generator=generator).float()
-    v = torch.randn(2, 3, 50, 6, generator=generator)
-    bandwidth = torch.randint(1, 4, lead[1:], generator=generator).float()
+    s, t, v = attention_inputs(2, 3, slices, 40, 50, 6, seed=3)
+    s, t = (3 * s).round(), (3 * t).round()
+    bandwidth = (torch.arange(3 * (slices or 1)) % 3 + 1).float().view(3, -1).squeeze(-1)  # (H,) or (H, M)
     tensors = _tensors(s, t, v, bandwidth, key_padding(2, 50, 0.3, padded_last_row=True))
     assert_matches_reference(sliced_relu_bump, sliced_relu_bump_reference, tensors, differentiable=("value",),
                              rtol=1e-5, grad_rtol=1e-5)
@@ -148,14 +145,6 @@ def test_narrow_windows_stay_at_float32_rounding(bandwidth):
     tensors = _tensors(s, t, v, torch.full((2, 2), bandwidth), key_padding(2, 300, 0.3, padded_last_row=True))
     assert_matches_reference(sliced_relu_bump, sliced_relu_bump_reference, tensors, differentiable=ALL_INPUTS,
                              rtol=1e-5, grad_rtol=1e-4)
-
-
-@pytest.mark.parametrize("slices,padded", [(None, False), (2, False), (2, True), (1, True)])
-def test_gradcheck(slices, padded):
-    s, t, v, bandwidth = attention_inputs(2, 2, slices, 5, 7, 3, dtype=torch.float64, seed=6, bandwidth=True)
-    mask = torch.tensor([[True] * 7, [True, False, True, True, False, True, False]]) if padded else None
-    leaves = [x.requires_grad_() for x in (s, t, v, bandwidth)]
-    assert torch.autograd.gradcheck(lambda *x: sliced_relu_bump(*x, key_padding_mask=mask), leaves)
 
 
 def test_custom_op_registrations_pass_opcheck():
