@@ -33,6 +33,7 @@
 // key_order (G, M, Tk) int32 (the valid keys in ascending order of t, then the padded keys),
 // query_order (G, M, Tq) int32 (ascending s) and den (G, M, Tq) double. Groups are split
 // over torch's intra-op threads (at::parallel_for). Entry points return 0, or 1 after an exception.
+// The layouts, the sorting and the threads are shared with the bump kernel (sorted_sweep.h).
 
 #include "sorted_sweep.h"
 
