@@ -51,6 +51,15 @@ command, commit, versions, CPU, threads, date, total time and load; the raw numb
 same environment in ``attention.json``) next to ``*_time.png`` (time vs T, log-log) and
 ``*_memory.png`` (peak memory vs T, log-log); ``<output>`` is ``benchmarks/results``, or
 ``benchmarks/results/quick`` with ``--quick``. A "bars" summary checks the acceptance bars.
+
+``--interleaved T[,T...]`` replaces the groups' T-by-T points with a side-by-side check, fwd+bwd
+only: at each T the selected contenders (default ``sliced_relu``, ``sliced_relu_bump``, ``sdpa``)
+take turns, one warm-up run each, then ``--rounds`` rounds of one timed run of each
+(``_harness.interleaved``), so that a slow period of a shared machine slows them alike; each
+point is the median of its rounds (no peak memory). The bars that these points measure and the
+fwd+bwd time table go to ``<output>/attention.md`` and ``.json`` (``benchmarks/results/interleaved``
+unless ``--output`` is given): ``python benchmarks/bench_attention.py --interleaved 16384
+--output benchmarks/results/bump_kernel`` is the bump kernel's check against the ReLU kernel and SDPA.
 """
 
 from __future__ import annotations
@@ -86,6 +95,8 @@ from benchmarks._harness import (  # noqa: E402
     fmt_bytes,
     fmt_ratio,
     fmt_time,
+    int_list,
+    interleaved,
     measure_point,
     plot_loglog,
     point_ratio,
@@ -277,6 +288,8 @@ ENCODER_GROUP = [
 ENCODER_GROUP.append(Contender("encoder/sliced_relu_converted", _encoder_builder(
     "sliced_relu", num_slices=4, projection="mlp", affine_output=True), N_LOG_N))
 CONTENDER_NAMES = list(dict.fromkeys(c.name for c in (*SLICED_GROUP, *RELA_GROUP, *ENCODER_GROUP)))
+INTERLEAVED_DEFAULT = ("sliced_relu", "sliced_relu_bump", "sdpa")
+"""What ``--interleaved`` compares unless ``--contenders`` is given: the bump kernel's bars."""
 
 
 @dataclass(frozen=True)
@@ -322,24 +335,31 @@ class Bench:
                     f"{contender.name:22s} {mode:8s}")
 
     def _point(self, contender: Contender, mode: str, length: int) -> Point:
-        forward, leaves = contender.build(length)
-        gradient: list[torch.Tensor] = []
-
-        def run() -> None:
-            if mode == "fwd":
-                with torch.no_grad():
-                    forward()
-                return
-            out = forward()
-            if not gradient:  # made in the warm-up, before any memory baseline
-                gradient.append(torch.randn(out.shape, generator=torch.Generator().manual_seed(1)))
-            out.backward(gradient[0])
-
-        def reset_grads() -> None:
-            for leaf in leaves:
-                leaf.grad = None
-
+        run, reset_grads = runner(contender, mode, length)
         return measure_point(run, lambda first: min(reps_for(first), self.max_reps), prepare=reset_grads)
+
+
+def runner(contender: Contender, mode: str, length: int) -> tuple[Callable[[], None], Callable[[], None]]:
+    """One run of ``contender`` in ``mode`` at T = ``length``, on inputs built now, and the reset of
+    the gradients of its leaves (to call before every run)."""
+    forward, leaves = contender.build(length)
+    gradient: list[torch.Tensor] = []
+
+    def run() -> None:
+        if mode == "fwd":
+            with torch.no_grad():
+                forward()
+            return
+        out = forward()
+        if not gradient:  # made in the warm-up, before any memory baseline
+            gradient.append(torch.randn(out.shape, generator=torch.Generator().manual_seed(1)))
+        out.backward(gradient[0])
+
+    def reset_grads() -> None:
+        for leaf in leaves:
+            leaf.grad = None
+
+    return run, reset_grads
 
 
 def measure_groups(bench: Bench, groups: list[Group]) -> None:
@@ -351,6 +371,33 @@ def measure_groups(bench: Bench, groups: list[Group]) -> None:
                 for contender in group.contenders:
                     if mode in contender.modes:
                         bench.measure(contender, mode, length)
+
+
+def interleaved_groups(measured: list[Group], lengths: list[int]) -> list[Group]:
+    """The groups at ``lengths``, each contender in the first group that holds it (softmax is in two)
+    and measured in fwd+bwd; groups left empty are dropped."""
+    seen: set[str] = set()
+    kept = []
+    for group in measured:
+        contenders = [c for c in group.contenders if "fwd+bwd" in c.modes and c.name not in seen]
+        seen.update(c.name for c in contenders)
+        if contenders:
+            kept.append(Group(group.stem, group.title, contenders, lengths))
+    return kept
+
+
+def measure_interleaved(bench: Bench, measured: list[Group], rounds: int) -> None:
+    """fwd+bwd, at every T of every group: its contenders side by side (:func:`interleaved`), a
+    warm-up run each, then ``rounds`` rounds of one timed run of each."""
+    for group in measured:
+        print(f"\n# {group.title}: contenders interleaved", flush=True)
+        for length in group.lengths:
+            runs = {}
+            for contender in group.contenders:
+                run, reset_grads = runner(contender, "fwd+bwd", length)
+                runs[contender.name] = lambda run=run, reset_grads=reset_grads: (reset_grads(), run())
+            for name, point in interleaved(runs, rounds, f"T={length}").items():
+                bench.series.setdefault((name, "fwd+bwd"), Series()).points[length] = point
 
 
 # --------------------------------------------------------------------------- reporting
@@ -418,7 +465,9 @@ def bars(bench: Bench) -> list[Bar]:
         Bar("sliced_relu fwd+bwd peak memory linear in T: peak(65536) / peak(16384) (linear = 4)",
             point_ratio(g("sliced_relu", fb, 65536), g("sliced_relu", fb, 16384), "peak_bytes"), 4.6, False),
         Bar("sliced_relu_bump fwd+bwd T=16384: sdpa time / sliced_relu_bump time",
-            point_ratio(g("sdpa", fb, 16384), g("sliced_relu_bump", fb, 16384)), 20, True),
+            point_ratio(g("sdpa", fb, 16384), g("sliced_relu_bump", fb, 16384)), 40, True),
+        Bar("sliced_relu_bump fwd+bwd T=16384: sliced_relu_bump time / sliced_relu time",
+            point_ratio(g("sliced_relu_bump", fb, 16384), g("sliced_relu", fb, 16384)), 1.25, False),
         Bar("sliced_relu_bump fwd+bwd peak memory linear in T: peak(65536) / peak(16384) (linear = 4)",
             point_ratio(g("sliced_relu_bump", fb, 65536), g("sliced_relu_bump", fb, 16384), "peak_bytes"), 4.6, False),
         Bar("rela fwd+bwd T=512: speed relative to eager (eager time / rela time)",
@@ -450,6 +499,21 @@ def report(run: Run, bench: Bench, groups: list[Group]) -> str:
     return "\n".join(sections + [group_tables(bench, group) for group in groups])
 
 
+def interleaved_report(run: Run, bench: Bench, groups: list[Group], rounds: int) -> str:
+    """The markdown results file of ``--interleaved``: header, the bars these points measure, then
+    each group's fwd+bwd time table."""
+    sections = [
+        "# Attention benchmark (CPU), contenders interleaved", "",
+        (f"{run.header()} Shapes: B=1, H={HEADS}, D={HEAD_DIM}, float32, fwd+bwd. Method: at each T the contenders "
+         f"take turns, one warm-up run each, then {rounds} rounds of one timed run of each; a point is the median "
+         "of its rounds (every round's time is in the JSON file)."),
+        "", bars_table([bar for bar in bars(bench) if bar.value is not None]),
+    ]
+    for group in groups:
+        sections += [f"## {group.title}", "", *time_table(bench, group, "fwd+bwd")]
+    return "\n".join(sections)
+
+
 # --------------------------------------------------------------------------- main
 
 
@@ -477,7 +541,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "comma-separated contenders to measure (e.g. sliced_relu,floor); default: all. Results then go to "
         "benchmarks/results/selected unless --output is given"))
     parser.add_argument("--output", type=Path, help="results directory (default: benchmarks/results[/quick])")
+    parser.add_argument("--interleaved", type=int_list, metavar="T,...", help=(
+        "instead of the groups' points: fwd+bwd at these T, the contenders (default: "
+        f"{','.join(INTERLEAVED_DEFAULT)}) taking turns round by round. Results go to "
+        "benchmarks/results/interleaved unless --output is given"))
+    parser.add_argument("--rounds", type=int, default=5, help="with --interleaved: timed rounds per T (default 5)")
     args = parser.parse_args(argv)
+    if args.interleaved:
+        args.contenders = args.contenders or list(INTERLEAVED_DEFAULT)
+        args.output = args.output or RESULTS / "interleaved"
     default_output = RESULTS / "quick" if args.quick else RESULTS
     args.output = args.output or (default_output / "selected" if args.contenders else default_output)
     return args
@@ -504,12 +576,16 @@ def main(argv: list[str] | None = None) -> int:
     run = Run(Path(__file__).name, argv)
     sanity_check()
     bench, measured = Bench(max_reps=3 if args.quick else 7), groups(args.quick, args.contenders)
-    measure_groups(bench, measured)
+    if args.interleaved:
+        measured = interleaved_groups(measured, args.interleaved)
+        measure_interleaved(bench, measured, args.rounds)
+    else:
+        measure_groups(bench, measured)
     run.finish()
-    markdown = report(run, bench, measured)
+    markdown = interleaved_report(run, bench, measured, args.rounds) if args.interleaved else report(run, bench, measured)
     print("\n" + markdown)
     args.output.mkdir(parents=True, exist_ok=True)
-    for group in measured:
+    for group in [] if args.interleaved else measured:
         plot_group(bench, group, args.output)
     points = [{"contender": name, "mode": mode, **record}
               for (name, mode), series in bench.series.items() for record in series.records()]
