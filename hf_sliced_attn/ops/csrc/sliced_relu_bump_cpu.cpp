@@ -21,7 +21,7 @@
 //
 // Backward, for output gradients g (Tq, D) and, over the window of s_i,
 // A_i = sum_{t>s_i} v - sum_{t<s_i} v = P(r) - 2 P(c) + P(l) - (the keys tied with s_i) and
-// E_i = sum |s_i - t| v = s_i (2 P(c) - P(l) - P(r)) + P_t(l) - 2 P_t(c) + P_t(r):
+// E_i = sum |s_i - t| v = P_t(l) - 2 P_t(c) + P_t(r) - s_i (P(r) - 2 P(c) + P(l)):
 //
 //     dL/ds_i = q/b g_i . A_i,    dL/db = q/b^2 sum_i g_i . E_i          (the forward's sweep again)
 //     dL/dv_j = q sum_i k(s_i - t_j) g_i,
@@ -79,6 +79,11 @@ struct Cursor {
   }
 };
 
+// The running sums of a window's three cursors, as its formulas read them: P and P_y at l, c, r.
+struct WindowSums {
+  const double *l, *c, *r, *yl, *yc, *yr;
+};
+
 // The window (point - b, point + b) of a point moving up through rows sorted by y: the cursors
 // l, c, r above, and the sum of the rows tied with the point (y = point, the rows [c, c')).
 struct Window {
@@ -87,6 +92,9 @@ struct Window {
   double tie_point = 0.0;
   bool tie_ready = false;
 
+  WindowSums sums() const {
+    return {left.p.data(), below.p.data(), right.p.data(), left.py.data(), below.py.data(), right.py.data()};
+  }
   void reset(Index dim) {
     left.reset(dim);
     below.reset(dim);
@@ -128,16 +136,11 @@ struct Window {
 template <typename Scalar>
 inline void add_kernel_sum(const Window& w, double point, double b, double scale, Scalar* __restrict out) {
   const double ib = 1.0 / b, left = -(1.0 - point * ib), middle = -2.0 * point * ib, right = 1.0 + point * ib;
-  const Index dim = static_cast<Index>(w.left.p.size());
-  const double* __restrict pl = w.left.p.data();
-  const double* __restrict pyl = w.left.py.data();
-  const double* __restrict pc = w.below.p.data();
-  const double* __restrict pyc = w.below.py.data();
-  const double* __restrict pr = w.right.p.data();
-  const double* __restrict pyr = w.right.py.data();
+  const Index dim = static_cast<Index>(w.tie.size());
+  const WindowSums p = w.sums();
 #pragma omp simd
   for (Index d = 0; d < dim; ++d) {
-    const double sum = left * pl[d] + middle * pc[d] + right * pr[d] + ib * (2.0 * pyc[d] - pyl[d] - pyr[d]);
+    const double sum = left * p.l[d] + middle * p.c[d] + right * p.r[d] + ib * (2.0 * p.yc[d] - p.yl[d] - p.yr[d]);
     out[d] += static_cast<Scalar>(scale * sum);
   }
 }
@@ -186,24 +189,19 @@ double scalar_gradients(const SortedSlice& slice, Rows<const Scalar> vg, Rows<co
     const double point = slice.ss[k];
     window.advance(point, b, slice.ts, slice.key_index, vg);
     const Scalar* __restrict grow = gg[slice.query_index[k]];
-    const double* __restrict pl = window.left.p.data();
-    const double* __restrict pyl = window.left.py.data();
-    const double* __restrict pc = window.below.p.data();
-    const double* __restrict pyc = window.below.py.data();
-    const double* __restrict pr = window.right.p.data();
-    const double* __restrict pyr = window.right.py.data();
-    double a = 0.0, e_p = 0.0, e_py = 0.0;
-#pragma omp simd reduction(+ : a, e_p, e_py)
+    const WindowSums p = window.sums();
+    // g . A before the ties, and g . E = g . (P_t(l) - 2 P_t(c) + P_t(r)) - s (g . A before the ties).
+    double a = 0.0, e = 0.0;
+#pragma omp simd reduction(+ : a, e)
     for (Index d = 0; d < D; ++d) {
       const double gd = static_cast<double>(grow[d]);
-      a += gd * (pr[d] - 2.0 * pc[d] + pl[d]);
-      e_p += gd * (2.0 * pc[d] - pl[d] - pr[d]);
-      e_py += gd * (pyl[d] - 2.0 * pyc[d] + pyr[d]);
+      a += gd * (p.r[d] - 2.0 * p.c[d] + p.l[d]);
+      e += gd * (p.yl[d] - 2.0 * p.yc[d] + p.yr[d]);
     }
+    g_dot_e += e - point * a;
     if (const double* tie = window.ties(point, slice.ts, slice.key_index, vg))
       for (Index d = 0; d < D; ++d) a -= grow[d] * tie[d];
     ds[slice.query_index[k]] = q / b * a;
-    g_dot_e += point * e_p + e_py;
   }
   return g_dot_e;
 }
@@ -224,12 +222,10 @@ void key_gradients(const SortedSlice& slice, Rows<const Scalar> vg, Rows<const S
     window.advance(point, b, slice.ss, slice.query_index, gg);
     add_kernel_sum(window, point, b, q, dv[j]);
     const Scalar* __restrict row = vg[j];
-    const double* __restrict pl = window.left.p.data();
-    const double* __restrict pc = window.below.p.data();
-    const double* __restrict pr = window.right.p.data();
+    const WindowSums p = window.sums();
     double a = 0.0;
 #pragma omp simd reduction(+ : a)
-    for (Index d = 0; d < D; ++d) a += static_cast<double>(row[d]) * (pr[d] - 2.0 * pc[d] + pl[d]);
+    for (Index d = 0; d < D; ++d) a += static_cast<double>(row[d]) * (p.r[d] - 2.0 * p.c[d] + p.l[d]);
     if (const double* tie = window.ties(point, slice.ss, slice.query_index, gg))
       for (Index d = 0; d < D; ++d) a -= row[d] * tie[d];
     dt[j] = q / b * a;
@@ -274,27 +270,18 @@ void backward_group(const Shape& shape, Index g, const Scalar* grad, const doubl
 
 // strides: (batch, head, token) element strides of v and out (forward), of grad, v and dv
 // (backward); the last dim of each is contiguous.
-#define SLICED_RELU_BUMP_ENTRY_POINTS(SUFFIX, Scalar)                                                                \
-  extern "C" int sliced_relu_bump_forward_##SUFFIX(                                                                  \
-      Index batch, Index heads, Index slices, Index q_len, Index k_len, Index dim, const double* s, const double* t, \
-      const Scalar* v, const double* bandwidth, const std::uint8_t* valid, Scalar* out, std::int32_t* key_order,    \
-      std::int32_t* query_order, const Index* strides) {                                                           \
-    const Shape shape{batch, heads, slices, q_len, k_len, dim};                                                      \
-    return parallel_groups(shape, [&](Index g) {                                                                     \
-      forward_group<Scalar>(shape, g, s, t, v, bandwidth, valid, out, key_order, query_order, strides);             \
-    });                                                                                                              \
-  }                                                                                                                  \
-  extern "C" int sliced_relu_bump_backward_##SUFFIX(                                                                 \
-      Index batch, Index heads, Index slices, Index q_len, Index k_len, Index dim, const Scalar* grad,                \
-      const double* s, const double* t, const Scalar* v, const double* bandwidth, const std::uint8_t* valid,         \
-      const std::int32_t* key_order, const std::int32_t* query_order, double* ds, double* dt, Scalar* dv,           \
-      double* db, const Index* strides) {                                                                            \
-    const Shape shape{batch, heads, slices, q_len, k_len, dim};                                                      \
-    return parallel_groups(shape, [&](Index g) {                                                                     \
-      backward_group<Scalar>(shape, g, grad, s, t, v, bandwidth, valid, key_order, query_order, ds, dt, dv, db,     \
-                             strides);                                                                               \
-    });                                                                                                              \
-  }
+#define SLICED_RELU_BUMP_ENTRY_POINTS(SUFFIX, Scalar)                                                             \
+  SORTED_SWEEP_ENTRY_POINT(sliced_relu_bump_forward_##SUFFIX, forward_group<Scalar>,                             \
+                           (const double* s, const double* t, const Scalar* v, const double* bandwidth,          \
+                            const std::uint8_t* valid, Scalar* out, std::int32_t* key_order,                     \
+                            std::int32_t* query_order, const Index* strides),                                    \
+                           (s, t, v, bandwidth, valid, out, key_order, query_order, strides))                    \
+  SORTED_SWEEP_ENTRY_POINT(sliced_relu_bump_backward_##SUFFIX, backward_group<Scalar>,                           \
+                           (const Scalar* grad, const double* s, const double* t, const Scalar* v,               \
+                            const double* bandwidth, const std::uint8_t* valid, const std::int32_t* key_order,   \
+                            const std::int32_t* query_order, double* ds, double* dt, Scalar* dv, double* db,     \
+                            const Index* strides),                                                               \
+                           (grad, s, t, v, bandwidth, valid, key_order, query_order, ds, dt, dv, db, strides))
 
 SLICED_RELU_BUMP_ENTRY_POINTS(f32, float)
 SLICED_RELU_BUMP_ENTRY_POINTS(f64, double)

@@ -292,25 +292,17 @@ void backward_group(const Shape& shape, Index g, const Scalar* grad, const doubl
 // strides: (batch, head, token) element strides of v and out (forward), of grad, v and dv
 // (backward); the last dim of each is contiguous.
 #define SLICED_RELU_ENTRY_POINTS(SUFFIX, Scalar)                                                                  \
-  extern "C" int sliced_relu_forward_##SUFFIX(Index batch, Index heads, Index slices, Index q_len, Index k_len,   \
-                                              Index dim, const double* s, const double* t, const Scalar* v,     \
-                                              const std::uint8_t* valid, Scalar* out, std::int32_t* key_order,   \
-                                              std::int32_t* query_order, double* den, const Index* strides) {    \
-    const Shape shape{batch, heads, slices, q_len, k_len, dim};                                                   \
-    return parallel_groups(shape, [&](Index g) {                                                                  \
-      forward_group<Scalar>(shape, g, s, t, v, valid, out, key_order, query_order, den, strides);                \
-    });                                                                                                           \
-  }                                                                                                               \
-  extern "C" int sliced_relu_backward_##SUFFIX(                                                                   \
-      Index batch, Index heads, Index slices, Index q_len, Index k_len, Index dim, const Scalar* grad,             \
-      const double* s, const double* t, const Scalar* v, const std::uint8_t* valid, const std::int32_t* key_order, \
-      const std::int32_t* query_order, const double* den, double* ds, double* dt, Scalar* dv,                     \
-      const Index* strides) {                                                                                     \
-    const Shape shape{batch, heads, slices, q_len, k_len, dim};                                                   \
-    return parallel_groups(shape, [&](Index g) {                                                                  \
-      backward_group<Scalar>(shape, g, grad, s, t, v, valid, key_order, query_order, den, ds, dt, dv, strides);  \
-    });                                                                                                           \
-  }
+  SORTED_SWEEP_ENTRY_POINT(sliced_relu_forward_##SUFFIX, forward_group<Scalar>,                                   \
+                           (const double* s, const double* t, const Scalar* v, const std::uint8_t* valid,         \
+                            Scalar* out, std::int32_t* key_order, std::int32_t* query_order, double* den,         \
+                            const Index* strides),                                                                \
+                           (s, t, v, valid, out, key_order, query_order, den, strides))                           \
+  SORTED_SWEEP_ENTRY_POINT(sliced_relu_backward_##SUFFIX, backward_group<Scalar>,                                 \
+                           (const Scalar* grad, const double* s, const double* t, const Scalar* v,                \
+                            const std::uint8_t* valid, const std::int32_t* key_order,                             \
+                            const std::int32_t* query_order, const double* den, double* ds, double* dt,           \
+                            Scalar* dv, const Index* strides),                                                    \
+                           (grad, s, t, v, valid, key_order, query_order, den, ds, dt, dv, strides))
 
 SLICED_RELU_ENTRY_POINTS(f32, float)
 SLICED_RELU_ENTRY_POINTS(f64, double)

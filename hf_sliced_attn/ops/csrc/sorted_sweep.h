@@ -219,3 +219,16 @@ struct SortedSlice {
 };
 
 }  // namespace sorted_sweep
+
+// extern "C" int NAME(B, H, M, Tq, Tk, D, <PARAMS>): a kernel step's C interface, running
+// STEP(shape, g, <ARGS>) for every (batch, head) group g over torch's threads; 0, or 1 after an
+// exception. PARAMS and ARGS are parenthesised lists: the step's other parameters and their names.
+#define SORTED_SWEEP_LIST(...) __VA_ARGS__
+#define SORTED_SWEEP_ENTRY_POINT(NAME, STEP, PARAMS, ARGS)                                                    \
+  extern "C" int NAME(sorted_sweep::Index batch, sorted_sweep::Index heads, sorted_sweep::Index slices,       \
+                      sorted_sweep::Index q_len, sorted_sweep::Index k_len, sorted_sweep::Index dim,          \
+                      SORTED_SWEEP_LIST PARAMS) {                                                              \
+    const sorted_sweep::Shape shape{batch, heads, slices, q_len, k_len, dim};                                 \
+    return sorted_sweep::parallel_groups(shape,                                                               \
+                                         [&](sorted_sweep::Index g) { STEP(shape, g, SORTED_SWEEP_LIST ARGS); }); \
+  }
