@@ -15,7 +15,11 @@ import torch
 
 from hf_sliced_attn.ops import _native, sliced_relu_bump, sliced_relu_cpu
 from hf_sliced_attn.ops.naive import sliced_relu_bump_reference
-from tests.helpers.comparisons import assert_matches_reference, op_output_and_input_grads, relative_error
+from tests.helpers.comparisons import (
+    assert_matches_reference,
+    op_output_and_input_grads,
+    relative_error,
+)
 from tests.helpers.native import requires_compiler
 from tests.helpers.op_inputs import attention_inputs, key_padding
 
