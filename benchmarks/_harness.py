@@ -1,6 +1,7 @@
 """What every benchmark script shares: the environment header a results file opens with, timing
 (one call, repeated calls with their peak memory, and contenders taking turns), skip prediction,
-ratios, acceptance bars, number formats, log-log plots and the results files themselves.
+ratios, acceptance bars, paired per-seed differences with their intervals, number formats, log-log
+plots and the results files themselves.
 
 Imported as ``benchmarks._harness`` (each script puts the repository root on ``sys.path``).
 """
@@ -424,6 +425,52 @@ def bars_table(bars: list[Bar]) -> str:
     """A "Bars" section: each bar's measured value, requirement and verdict."""
     lines = ["## Bars", "", "| bar | measured | required | verdict |", "|---|---:|---:|---|"]
     return "\n".join(lines + [bar.row() for bar in bars]) + "\n"
+
+
+# --------------------------------------------------------------------------- paired differences
+
+
+@dataclass(frozen=True)
+class PairedInterval:
+    """The mean of paired per-seed values (differences or ratios of a contender to its reference, same seed)
+    and its two-sided Student-t confidence interval; ``low``/``high`` are None with fewer than two pairs."""
+
+    values: tuple[float, ...]
+    mean: float
+    low: float | None
+    high: float | None
+    confidence: float = 0.95
+
+    def verdict(self, bar: float) -> str:
+        """Against "at least ``bar``": "met" only when the interval's lower end clears it, "not met" when its upper
+        end is below it, otherwise "not resolved" (more pairs are needed)."""
+        if self.low is not None and self.low >= bar:
+            return "met"
+        if self.high is not None and self.high < bar:
+            return "not met"
+        return "not resolved"
+
+    def describe(self, spec: str = "+.4f") -> str:
+        """``mean [low, high]`` (the interval left out with fewer than two pairs), n pairs."""
+        interval = "" if self.low is None else f" [{self.low:{spec}}, {self.high:{spec}}]"
+        return f"{self.mean:{spec}}{interval} (n={len(self.values)})"
+
+    def record(self) -> dict[str, object]:
+        return asdict(self)
+
+
+def paired_interval(values: Iterable[float], confidence: float = 0.95) -> PairedInterval:
+    """:class:`PairedInterval` of per-seed paired ``values``: mean ± t_{(1+c)/2, n-1} · s / sqrt(n)."""
+    from scipy.stats import t as student_t
+
+    values = tuple(values)
+    if not values:
+        raise ValueError("paired_interval needs at least one pair")
+    mean = statistics.fmean(values)
+    if len(values) < 2:
+        return PairedInterval(values, mean, None, None, confidence)
+    half = float(student_t.ppf((1 + confidence) / 2, len(values) - 1)) * statistics.stdev(values) / len(values) ** 0.5
+    return PairedInterval(values, mean, mean - half, mean + half, confidence)
 
 
 # --------------------------------------------------------------------------- plots

@@ -36,8 +36,14 @@ Per run the script reads ``eval_accuracy`` (and ``train_runtime``) from the run'
 ``all_results.json`` and measures the wall time of the whole subprocess (model loading,
 attention transfer when the flow has it, training, evaluation, saving). Per flow it reports
 the mean ± sample standard deviation of the accuracy over seeds, its ratio to ``sdpa``'s mean,
-the mean wall time and its ratio to ``sdpa``'s. A failed run is recorded with its exit status
-and log path and left out of the means.
+the mean wall time and its ratio to ``sdpa``'s. Then, paired with ``sdpa``'s run of the same
+seed: the accuracy differences and ratios and the wall-time ratios, each with its mean and 95%
+t-interval, and for ``sliced_relu`` and ``rela`` the parity verdict of issue #24 (mean ratio
+at least ``PARITY_BARS``, interval's lower end at least ``PARITY_FLOOR``): "met" only when the
+interval clears it, "not resolved" when it straddles it. Tuning runs without ``sdpa`` pair with
+the ``sdpa`` runs of an earlier ``quality.json`` (``--reference``). Each run records the layers
+its fine-tuned model converted. A failed run is recorded with its exit status and log path and
+left out of the means.
 
 ``--fidelity`` also converts the same checkpoint with ``hf-sliced-attn convert --attn X``
 (X = sliced_relu and rela, the converter's default tuning flags) on the training sentences,
@@ -76,7 +82,16 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
-from benchmarks._harness import RESULTS, ROOT, Run, choice_list, int_list, timed, write_results  # noqa: E402
+from benchmarks._harness import (  # noqa: E402
+    RESULTS,
+    ROOT,
+    Run,
+    choice_list,
+    int_list,
+    paired_interval,
+    timed,
+    write_results,
+)
 
 RECIPE = ROOT / "recipes" / "glue.py"
 DATA = ROOT / "benchmarks" / "data" / "quality"
@@ -91,6 +106,10 @@ FLOWS = {
     "rela": ["--attn_implementation", "rela"],
     "sliced_relu_bump": ["--attn_implementation", "sliced_relu", "--kernel", "bump"],
 }
+PARITY_BARS = {"sliced_relu": 0.99, "rela": 0.995}
+"""Issue #24's bars on the accuracy ratio to softmax, every layer converted: the mean paired ratio at least this..."""
+PARITY_FLOOR = 0.98
+"""... and the 95% interval of the paired ratio at or above this."""
 FIDELITY_MECHANISMS = ("sliced_relu", "rela")
 FIDELITY_METRICS = ("embedding_cosine", "pairwise_spearman", "hidden_state_cosine")
 
@@ -158,13 +177,22 @@ def run_recipe(args: argparse.Namespace, flow: str, seed: int) -> dict:
     if status == 0 and results_file.is_file():
         results = json.loads(results_file.read_text())
         run.update(accuracy=results["eval_accuracy"], train_runtime_s=results.get("train_runtime"),
-                   train_steps=results.get("train_steps"))
+                   train_steps=results.get("train_steps"), converted_layers=converted_layers(run_dir))
     else:
         print(f"  FAILED (exit {status}); last lines of {log}:\n{log_tail(log)}")
     if not args.keep_models and run_dir.exists():
         for weights in run_dir.glob("*.safetensors"):
             weights.unlink()
     return run
+
+
+def converted_layers(run_dir: Path) -> list[int]:
+    """The layers the fine-tuned model in ``run_dir`` runs its plugin attention on (none for softmax)."""
+    from transformers import AutoConfig
+
+    from hf_sliced_attn.integration import converted_layer_indices  # the package registers its mechanisms
+
+    return converted_layer_indices(AutoConfig.from_pretrained(run_dir))
 
 
 def write_training_sentences(path: Path) -> Path:
@@ -198,9 +226,12 @@ def run_fidelity(args: argparse.Namespace) -> dict:
 
 
 # ----------------------------------------------------------------------------- summary
-def summarise(runs: list[dict], flows: list[str]) -> dict:
-    """Per flow: the runs, the mean and sample std of the accuracy, the mean wall time and both ratios to sdpa."""
+def summarise(runs: list[dict], flows: list[str], reference_runs: list[dict]) -> dict:
+    """Per flow: the runs, the mean and sample std of the accuracy, the mean wall time and both ratios to sdpa;
+    against sdpa's run of the same seed (``reference_runs``), the paired differences and ratios with their 95%
+    intervals, and for a mechanism with a parity bar (:data:`PARITY_BARS`) its verdict."""
     summary = {}
+    reference_by_seed = {r["seed"]: r for r in reference_runs if r["flow"] == REFERENCE and "accuracy" in r}
     for flow in flows:
         done = [r for r in runs if r["flow"] == flow and "accuracy" in r]
         accuracies = [r["accuracy"] for r in done]
@@ -211,12 +242,30 @@ def summarise(runs: list[dict], flows: list[str]) -> dict:
             "accuracy_std": statistics.stdev(accuracies) if len(accuracies) > 1 else None,  # sample std: n >= 2
             "wall_s_mean": statistics.fmean(walls) if walls else None,
         }
+        pairs = [(r, reference_by_seed[r["seed"]]) for r in done if r["seed"] in reference_by_seed]
+        if flow != REFERENCE and pairs:
+            summary[flow]["paired"] = paired_summary(flow, pairs)
     reference = summary.get(REFERENCE, {})
     for entry in summary.values():
         for key, ratio in (("accuracy_mean", "accuracy_ratio"), ("wall_s_mean", "wall_ratio")):
             base = reference.get(key)
             entry[ratio] = entry[key] / base if entry[key] is not None and base else None
     return summary
+
+
+def paired_summary(flow: str, pairs: list[tuple[dict, dict]]) -> dict:
+    """The paired accuracy differences and ratios of ``flow`` to sdpa (same seed) with their 95% intervals, the
+    paired wall-time ratios, and the parity verdict when the flow has a bar."""
+    difference = paired_interval(r["accuracy"] - ref["accuracy"] for r, ref in pairs)
+    ratio = paired_interval(r["accuracy"] / ref["accuracy"] for r, ref in pairs)
+    entry = {"seeds": [r["seed"] for r, _ in pairs], "difference": difference.record(), "ratio": ratio.record(),
+             "wall_ratio": paired_interval(r["wall_s"] / ref["wall_s"] for r, ref in pairs).record()}
+    bar = PARITY_BARS.get(flow)
+    if bar is not None:
+        floor = ratio.verdict(PARITY_FLOOR)
+        entry["parity"] = {"mean_ratio_at_least": bar, "interval_low_at_least": PARITY_FLOOR,
+                           "verdict": floor if floor != "met" or ratio.mean >= bar else "not met"}
+    return entry
 
 
 def fmt(value: float | None, spec: str) -> str:
@@ -239,6 +288,7 @@ def markdown(run: Run, settings: dict, summary: dict, fidelity: dict | None) -> 
         runs = f"{s['runs']}" + (f" ({s['failed']} failed)" if s["failed"] else "")
         lines.append(f"| {flow} | {runs} | {accuracy} | {fmt(s['accuracy_ratio'], '.3f')} | "
                      f"{fmt(s['wall_s_mean'], '.0f')} | {fmt(s['wall_ratio'], '.2f')} |")
+    lines += paired_table(summary, settings)
     if fidelity:
         flags = f"flags `{settings['convert_args']}`" if settings["convert_args"] else "default tuning flags"
         lines += ["", f"## Conversion fidelity (`hf-sliced-attn convert`, {flags})", "",
@@ -256,6 +306,30 @@ def markdown(run: Run, settings: dict, summary: dict, fidelity: dict | None) -> 
                     cells.append(fmt(value, ".4f") if value is not None else f"failed (exit {f['status']})")
             lines.append(f"| {mechanism} | {' | '.join(cells)} | {f['wall_s']:.0f} |")
     return "\n".join(lines) + "\n"
+
+
+def paired_table(summary: dict, settings: dict) -> list[str]:
+    """The markdown lines of the paired comparison to sdpa (none when no flow has pairs)."""
+    paired = {flow: s["paired"] for flow, s in summary.items() if "paired" in s}
+    if not paired:
+        return []
+    source = f" (sdpa's runs from `{settings['reference']}`)" if settings.get("reference") else ""
+    lines = ["", f"### Paired with sdpa, same seed{source}", "",
+             "Mean and 95% t-interval over seeds. A parity bar (every layer converted: mean ratio ≥ "
+             + ", ".join(f"{bar:g} for {flow}" for flow, bar in PARITY_BARS.items())
+             + f", interval's lower end ≥ {PARITY_FLOOR:g}) is met only when the interval clears it.", "",
+             "| flow | seeds | accuracy − sdpa | accuracy / sdpa | wall / sdpa | parity |", "|---|---|---|---|---|---|"]
+    for flow, p in paired.items():
+        cells = [_interval(p[name], spec) for name, spec in
+                 (("difference", "+.4f"), ("ratio", ".4f"), ("wall_ratio", ".2f"))]
+        verdict = p["parity"]["verdict"] if "parity" in p else "–"
+        lines.append(f"| {flow} | {', '.join(map(str, p['seeds']))} | {' | '.join(cells)} | {verdict} |")
+    return lines
+
+
+def _interval(record: dict, spec: str) -> str:
+    interval = "" if record["low"] is None else f" [{record['low']:{spec}}, {record['high']:{spec}}]"
+    return f"{record['mean']:{spec}}{interval}"
 
 
 # ----------------------------------------------------------------------------- main
@@ -280,6 +354,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--convert_args", default="",
                         help="flags appended to the convert commands (default: none, the converter's defaults)")
     parser.add_argument("--keep_models", action="store_true", help="keep the fine-tuned / converted weights")
+    parser.add_argument("--reference", type=Path, default=None,
+                        help="a quality.json of the same split and settings whose sdpa runs pair with this run's "
+                             "seeds when --flows has no sdpa (tuning runs); final figures run sdpa side by side")
     parser.add_argument("--dry-run", action="store_true", help="print the commands and exit")
     args = parser.parse_args(argv)
     args.work_dir = args.work_dir.resolve()
@@ -312,6 +389,17 @@ def run_recipes(args: argparse.Namespace) -> list[dict]:
     return runs
 
 
+def reference_runs(args: argparse.Namespace, runs: list[dict]) -> list[dict]:
+    """The sdpa runs to pair with: this run's own, else those of ``--reference`` (same split required)."""
+    if REFERENCE in args.flows or args.reference is None:
+        return runs
+    reference = json.loads(args.reference.read_text())
+    if reference["settings"]["split"] != args.split:
+        raise SystemExit(f"--reference {args.reference} was measured on the {reference['settings']['split']} split, "
+                         f"this run on {args.split}: pair runs of one split.")
+    return reference["runs"]
+
+
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     if args.dry_run:
@@ -326,8 +414,9 @@ def main(argv: list[str] | None = None) -> None:
                 "seeds": args.seeds, "epochs": args.epochs, "learning_rate": args.learning_rate,
                 "batch_size": args.batch_size, "max_length": args.max_length,
                 "max_train_steps": args.max_train_steps, "recipe_args": args.recipe_args,
-                "convert_args": args.convert_args if args.fidelity else None}
-    summary = summarise(runs, args.flows)
+                "convert_args": args.convert_args if args.fidelity else None,
+                "reference": str(args.reference) if args.reference else None}
+    summary = summarise(runs, args.flows, reference_runs(args, runs))
     report = markdown(benchmark, settings, summary, fidelity)
     print("\n" + report)
     write_results(args.output, "quality", report, {"environment": benchmark.record(), "settings": settings,

@@ -9,6 +9,7 @@ import re
 import subprocess
 from pathlib import Path
 
+import numpy as np
 import psutil
 import pytest
 import torch
@@ -27,6 +28,7 @@ from benchmarks._harness import (
     choice_list,
     interleaved,
     measure_point,
+    paired_interval,
     plot_loglog,
     point_ratio,
     skip_reason,
@@ -179,3 +181,20 @@ def test_every_script_leaves_timing_plots_and_the_environment_to_the_harness(pat
     assert "benchmarks" in imported
     assert not imported & HARNESS_MODULES and not called & HARNESS_CALLS, (imported & HARNESS_MODULES,
                                                                            called & HARNESS_CALLS)
+
+
+def test_paired_interval_matches_the_t_interval_and_judges_bars():
+    from scipy import stats
+
+    values = [0.010, -0.0075, -0.020, 0.004, -0.001]
+    interval = paired_interval(values)
+    low, high = stats.t.interval(0.95, len(values) - 1, loc=np.mean(values), scale=stats.sem(values))
+    assert interval.mean == pytest.approx(np.mean(values))
+    assert (interval.low, interval.high) == (pytest.approx(low), pytest.approx(high))
+    assert interval.verdict(interval.low - 1e-9) == "met"
+    assert interval.verdict(interval.high + 1e-9) == "not met"
+    assert interval.verdict(interval.mean) == "not resolved"
+    single = paired_interval([0.5])
+    assert single.low is None and single.verdict(0.0) == "not resolved" and single.describe() == "+0.5000 (n=1)"
+    with pytest.raises(ValueError, match="at least one pair"):
+        paired_interval([])

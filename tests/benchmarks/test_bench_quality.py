@@ -1,0 +1,54 @@
+"""The quality benchmark's summary: runs paired with sdpa's run of the same seed, intervals and parity verdicts."""
+
+from __future__ import annotations
+
+import statistics
+
+import pytest
+
+from benchmarks.bench_quality import PARITY_FLOOR, markdown, summarise
+from benchmarks._harness import Run
+
+
+def _runs(flow: str, accuracies: dict[int, float], wall: float = 100.0) -> list[dict]:
+    return [{"flow": flow, "seed": seed, "status": 0, "wall_s": wall, "accuracy": accuracy}
+            for seed, accuracy in accuracies.items()]
+
+
+SOFTMAX = {0: 0.905, 1: 0.9075, 2: 0.9225, 3: 0.91, 4: 0.90}
+
+
+def test_pairs_are_by_seed_and_a_flow_at_parity_meets_its_bar():
+    close = {seed: accuracy + 0.001 * (-1) ** seed for seed, accuracy in SOFTMAX.items()}
+    runs = _runs("sdpa", SOFTMAX) + _runs("sliced_relu", dict(reversed(close.items())), wall=150.0)
+    paired = summarise(runs, ["sdpa", "sliced_relu"], runs)["sliced_relu"]["paired"]
+    differences = [close[seed] - SOFTMAX[seed] for seed in paired["seeds"]]
+    assert paired["difference"]["values"] == pytest.approx(differences)
+    assert paired["difference"]["mean"] == pytest.approx(statistics.fmean(differences))
+    assert paired["wall_ratio"]["mean"] == pytest.approx(1.5)
+    assert paired["parity"]["verdict"] == "met"
+
+
+def test_a_wide_interval_is_not_resolved_and_a_clear_loss_is_not_met():
+    noisy = {0: 0.915, 1: 0.8875, 2: 0.9025}  # the issue's +0.010, -0.020, -0.020: no verdict follows
+    runs = _runs("sdpa", SOFTMAX) + _runs("sliced_relu", noisy) + _runs("rela", {s: a - 0.05 for s, a in SOFTMAX.items()})
+    summary = summarise(runs, ["sdpa", "sliced_relu", "rela"], runs)
+    assert summary["sliced_relu"]["paired"]["ratio"]["low"] < PARITY_FLOOR
+    assert summary["sliced_relu"]["paired"]["parity"]["verdict"] == "not resolved"
+    assert summary["rela"]["paired"]["parity"]["verdict"] == "not met"
+    assert "parity" not in summarise(runs, ["sdpa", "sliced_relu_direct"], runs + _runs("sliced_relu_direct", SOFTMAX)
+                                     ).get("sliced_relu_direct", {}).get("paired", {})
+
+
+def test_pairs_come_from_a_reference_run_and_the_table_names_it():
+    reference = _runs("sdpa", SOFTMAX)
+    runs = _runs("sliced_relu", {0: 0.90, 1: 0.91})
+    summary = summarise(runs, ["sliced_relu"], reference)
+    assert summary["sliced_relu"]["paired"]["seeds"] == [0, 1]
+    settings = {"split": "validation", "seeds": [0, 1], "epochs": 3, "learning_rate": 1e-4, "batch_size": 32,
+                "max_length": 96, "max_train_steps": None, "recipe_args": "", "reference": "ref/quality.json"}
+    run = Run("bench_quality.py", [])
+    run.finish()
+    report = markdown(run, settings, summary, None)
+    assert "sdpa's runs from `ref/quality.json`" in report
+    assert "| sliced_relu | 0, 1 | -0.0012" in report
