@@ -55,8 +55,9 @@ same environment in ``attention.json``) next to ``*_time.png`` (time vs T, log-l
 ``--interleaved T[,T...]`` replaces the groups' T-by-T points with a side-by-side check, fwd+bwd
 only: at each T the selected contenders (default ``sliced_relu``, ``sliced_relu_bump``, ``sdpa``)
 take turns, one warm-up run each, then ``--rounds`` rounds of one timed run of each
-(``_harness.interleaved``), so that a slow period of a shared machine slows them alike; each
-point is the median of its rounds (no peak memory). The bars that these points measure and the
+(``_harness.interleaved``), so that a slow period of a shared machine slows them alike, then as
+many rounds in the reverse order (a run right after a long softmax run is slower, so no contender
+always follows the same one); each point is the median of its 2 × ``--rounds`` runs (no peak memory). The bars that these points measure and the
 fwd+bwd time table go to ``<output>/attention.md`` and ``.json`` (``benchmarks/results/interleaved``
 unless ``--output`` is given): ``python benchmarks/bench_attention.py --interleaved 16384
 --output benchmarks/results/bump_kernel`` is the bump kernel's check against the ReLU kernel and SDPA.
@@ -67,6 +68,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import statistics
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -388,7 +390,10 @@ def interleaved_groups(measured: list[Group], lengths: list[int]) -> list[Group]
 
 def measure_interleaved(bench: Bench, measured: list[Group], rounds: int) -> None:
     """fwd+bwd, at every T of every group: its contenders side by side (:func:`interleaved`), a
-    warm-up run each, then ``rounds`` rounds of one timed run of each."""
+    warm-up run each, then ``rounds`` rounds of one timed run of each, in the group's order, then
+    the same again in the reverse order: a run right after a long one (softmax at 16k) is measurably
+    slower, so no contender always follows the same one. A point is the median of its 2 ``rounds``
+    timed runs."""
     for group in measured:
         print(f"\n# {group.title}: contenders interleaved", flush=True)
         for length in group.lengths:
@@ -396,8 +401,12 @@ def measure_interleaved(bench: Bench, measured: list[Group], rounds: int) -> Non
             for contender in group.contenders:
                 run, reset_grads = runner(contender, "fwd+bwd", length)
                 runs[contender.name] = lambda run=run, reset_grads=reset_grads: (reset_grads(), run())
-            for name, point in interleaved(runs, rounds, f"T={length}").items():
-                bench.series.setdefault((name, "fwd+bwd"), Series()).points[length] = point
+            in_order = interleaved(runs, rounds, f"T={length}")
+            reversed_order = interleaved(dict(reversed(runs.items())), rounds, f"T={length} (reversed)")
+            for name in runs:
+                times = in_order[name].runs + reversed_order[name].runs
+                bench.series.setdefault((name, "fwd+bwd"), Series()).points[length] = Point(statistics.median(times),
+                                                                                            times)
 
 
 # --------------------------------------------------------------------------- reporting
@@ -505,8 +514,9 @@ def interleaved_report(run: Run, bench: Bench, groups: list[Group], rounds: int)
     sections = [
         "# Attention benchmark (CPU), contenders interleaved", "",
         (f"{run.header()} Shapes: B=1, H={HEADS}, D={HEAD_DIM}, float32, fwd+bwd. Method: at each T the contenders "
-         f"take turns, one warm-up run each, then {rounds} rounds of one timed run of each; a point is the median "
-         "of its rounds (every round's time is in the JSON file)."),
+         f"take turns, one warm-up run each, then {rounds} rounds of one timed run of each, then the same in the "
+         f"reverse order (no contender always follows the same one); a point is the median of its {2 * rounds} "
+         "timed runs (every run's time is in the JSON file)."),
         "", bars_table([bar for bar in bars(bench) if bar.value is not None]),
     ]
     for group in groups:
@@ -545,7 +555,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "instead of the groups' points: fwd+bwd at these T, the contenders (default: "
         f"{','.join(INTERLEAVED_DEFAULT)}) taking turns round by round. Results go to "
         "benchmarks/results/interleaved unless --output is given"))
-    parser.add_argument("--rounds", type=int, default=5, help="with --interleaved: timed rounds per T (default 5)")
+    parser.add_argument("--rounds", type=int, default=3, help=(
+        "with --interleaved: timed rounds per T in each order, the group's and the reverse (default 3)"))
     args = parser.parse_args(argv)
     if args.interleaved:
         args.contenders = args.contenders or list(INTERLEAVED_DEFAULT)
