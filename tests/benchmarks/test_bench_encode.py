@@ -1,0 +1,42 @@
+"""benchmarks/bench_encode.py at a tiny size: every contender encodes both kinds of input, the converted models run
+the plugin's attention on the layers the convert defaults convert, and they keep the original's modules and
+embedding size."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+pytest.importorskip("sentence_transformers")
+
+from benchmarks import bench_encode as bench  # noqa: E402
+from hf_sliced_attn.attention import LAYER_MODE_ATTR, SOFTMAX  # noqa: E402
+from hf_sliced_attn.conversion.settings import resolve_transfer_config  # noqa: E402
+
+
+def test_every_contender_encodes_short_and_long_inputs(tmp_path):
+    assert bench.main(["--rounds", "1", "--sentences", "8", "--long_inputs", "2", "--threads", "1",
+                       "--output", str(tmp_path)]) == 0
+    record = json.loads((tmp_path / "encode.json").read_text())
+    cases = {(r["inputs"], r["contender"]) for r in record["results"]}
+    assert cases == {(case, name) for case in ("short sentences, batch 64", "512 tokens, batch 8")
+                     for name in bench.CONTENDERS}
+    assert all(r["sentences_per_s"] > 0 for r in record["results"])
+    for name in ("sliced_relu", "rela"):
+        keep = resolve_transfer_config(name, "convert", {}, converted_layers=6, layers_listed=False).keep_softmax_layers
+        assert record["layers"][name] == list(range(keep, 6))
+    assert "| 512 tokens, batch 8 |" in (tmp_path / "encode.md").read_text()
+
+
+@pytest.mark.parametrize("name", ["sliced_relu", "rela"])
+def test_a_converted_encoder_keeps_the_embedding_modules(name):
+    original, _ = bench.encoder(bench.BASELINE)
+    converted, layers = bench.encoder(name)
+    modes = [getattr(layer.attention.self, LAYER_MODE_ATTR) for layer in converted[0].auto_model.encoder.layer]
+    assert modes == [name if i in layers else SOFTMAX for i in range(len(modes))]
+    texts = bench.short_sentences(3)
+    embeddings = converted.encode(texts, convert_to_tensor=True)
+    assert embeddings.shape == original.encode(texts, convert_to_tensor=True).shape
+    assert [type(module).__name__ for module in converted] == [type(module).__name__ for module in original]
+    assert len(bench.long_inputs(original, 2)) == 2
