@@ -53,9 +53,9 @@ VARIANTS = {
     "sliced_relu_all_layers": ("sliced_relu", ["--keep-softmax-layers", "0"]),
     "sliced_relu_bump_all_layers": ("sliced_relu", ["--kernel", "bump", "--keep-softmax-layers", "0"]),
     "sliced_relu_former_defaults": ("sliced_relu", ["--num-slices", "1", *OLD_SCHEDULE]),
-    **{f"sliced_relu_window{w}_{combine}_all_layers": (
-        "sliced_relu", ["--keep-softmax-layers", "0", "--local-window", str(w), "--window-combine", combine])
-       for w in (4, 16) for combine in ("shared", "gate")},
+    **{f"sliced_relu_window{w}_all_layers": (
+        "sliced_relu", ["--keep-softmax-layers", "0", "--local-window", str(w), "--window-combine", "shared"])
+       for w in (4, 8, 16)},
     "rela": ("rela", []),
     "rela_former_defaults": ("rela", OLD_SCHEDULE),
 }
