@@ -593,7 +593,10 @@ def main(argv: list[str] | None = None) -> int:
     else:
         measure_groups(bench, measured)
     run.finish()
-    markdown = interleaved_report(run, bench, measured, args.rounds) if args.interleaved else report(run, bench, measured)
+    if args.interleaved:
+        markdown = interleaved_report(run, bench, measured, args.rounds)
+    else:
+        markdown = report(run, bench, measured)
     print("\n" + markdown)
     args.output.mkdir(parents=True, exist_ok=True)
     for group in [] if args.interleaved else measured:

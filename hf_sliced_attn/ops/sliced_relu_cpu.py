@@ -65,12 +65,13 @@ def _kernels(kernel: str) -> dict[str, ctypes._CFuncPtr] | None:
     library = _native.load(name)
     if library is None:
         return None
-    # (B, H, M, Tq, Tk, D), the tensors' data pointers, then the array of their strides.
     kernels = {}
     for step, tensors in steps.items():
+        # (B, H, M, Tq, Tk, D), the tensors' data pointers, then the array of their strides.
+        argtypes = [ctypes.c_int64] * 6 + [ctypes.c_void_p] * (tensors + 1)
         for suffix in ("f32", "f64"):
             function = getattr(library, f"{prefix}_{step}_{suffix}")
-            function.argtypes, function.restype = [ctypes.c_int64] * 6 + [ctypes.c_void_p] * (tensors + 1), ctypes.c_int
+            function.argtypes, function.restype = argtypes, ctypes.c_int
             kernels[f"{step}_{suffix}"] = function
     return kernels
 
