@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from hf_sliced_attn.ops import sliced_relu_cpu
-from tests.ops.test_sliced_relu_bump import *  # noqa: F403 (the tests themselves, collected again here)
+from tests.ops.test_sliced_relu_bump import *  # the tests themselves, collected again here
 
 
 @pytest.fixture(autouse=True)
