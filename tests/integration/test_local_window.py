@@ -260,7 +260,7 @@ def test_compiles_as_one_graph(combine):
         ({"local_window": True}, r"local_window=True is not valid"),
         ({"local_window": 4, "window_combine": "sum"},
          r"window_combine='sum' is not valid: use one of \['gate', 'shared'\]"),
-        ({"window_combine": "shared"}, r"window_combine='shared' needs a local window: set local_window to a positive"),
+        ({"window_combine": "gate"}, r"window_combine='gate' needs a local window: set local_window to a positive"),
     ],
 )
 def test_bad_options_are_refused(options, message):
@@ -270,12 +270,14 @@ def test_bad_options_are_refused(options, message):
 
 def test_without_a_window_the_saved_options_are_those_of_earlier_versions():
     """local_window=0 (the default) saves neither option: config.json is what earlier versions wrote and load."""
-    assert SLICED_RELU.make_config(local_window=0, window_combine="gate") == SLICED_RELU.make_config()
+    assert SLICED_RELU.make_config(local_window=0, window_combine="shared") == SLICED_RELU.make_config()
     saved = SLICED_RELU.make_config().to_dict()
     assert "local_window" not in saved and "window_combine" not in saved
     assert hf_sliced_attn.MECHANISMS.config_from_dict(saved) == SLICED_RELU.make_config()
-    with_window = SLICED_RELU.make_config(local_window=8, window_combine="shared")
-    assert hf_sliced_attn.MECHANISMS.config_from_dict(with_window.to_dict()) == with_window
+    for combine in ("shared", "gate"):
+        with_window = SLICED_RELU.make_config(local_window=8, window_combine=combine)
+        assert with_window.to_dict()["window_combine"] == combine  # saved, so a later default cannot change it
+        assert hf_sliced_attn.MECHANISMS.config_from_dict(with_window.to_dict()) == with_window
 
 
 def test_the_flags_come_from_the_options():

@@ -80,7 +80,7 @@ class SlicedReluConfig(MechanismConfig):
         },
     )
     window_combine: str = field(
-        default="gate",
+        default="shared",
         metadata={
             "help": (
                 "How a local_window's softmax and the sliced attention combine, per head h. 'gate': "
@@ -88,7 +88,9 @@ class SlicedReluConfig(MechanismConfig):
                 "LoLCATs' shared normaliser (arXiv 2410.10254), (sum_window exp(a_ij) v_j + gamma_h N_i) / "
                 "(sum_window exp(a_ij) + gamma_h D_i), N_i / D_i the sliced output (with affine_output, after "
                 "its gain and mean value) and D_i its normaliser (sum_l |s_i - t_l|, or n for the bump kernel), "
-                "gamma_h = softplus(rho_h) from 1: each query's share follows its softmax mass. Only with "
+                "gamma_h = softplus(rho_h) from 1: each query's share follows its softmax mass. 'shared' is the "
+                "default: converting all-MiniLM-L6-v2 with every layer converted, it kept more accuracy and "
+                "fidelity than the gate (benchmarks/README.md, \"Every layer converted\"). Only with "
                 "local_window > 0."
             ),
             "choices": WINDOW_COMBINES,
@@ -106,7 +108,7 @@ class SlicedReluConfig(MechanismConfig):
                 f"local_window={self.local_window!r} is not valid: it must be an integer >= 0 (0: no window; "
                 "w > 0: softmax over the keys with |i - j| <= w)."
             )
-        if self.local_window == 0 and self.window_combine != "gate":
+        if self.local_window == 0 and self.window_combine != "shared":
             raise ValueError(
                 f"window_combine={self.window_combine!r} needs a local window: set local_window to a positive "
                 "number of tokens (e.g. local_window=64), or leave window_combine out (with local_window=0 there "
