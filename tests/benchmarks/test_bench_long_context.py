@@ -46,7 +46,7 @@ def test_every_contender_has_a_time_and_memory_at_every_length(results):
         assert point["seconds"] > 0 and point["peak_bytes"] > 0, point
     report = (output / "long_context.md").read_text()
     assert all(bar["verdict"] == "not measured" for bar in raw["bars"])
-    assert report.count("**not measured**") == 2
+    assert report.count("**not measured**") == len(raw["bars"]) == 4  # two bars each, plain and windowed
 
 
 def test_sdpa_global_is_softmax_everywhere_and_sliced_relu_global_only_on_global_layers(results):
