@@ -58,6 +58,7 @@ from functools import partial
 import torch
 import torch.nn.functional as F
 
+from . import windowed_softmax_cpu
 from ._common import band_mask, check_key_padding_mask, check_sliding_window, compute_dtype
 
 __all__ = ["windowed_sliced_relu", "windowed_sliced_relu_bump", "windowed_softmax"]
@@ -287,6 +288,10 @@ def windowed_softmax(
         )
     batch, heads, length, _ = query.shape
     scaling = query.shape[-1] ** -0.5 if scaling is None else scaling
+    if return_lse and query.device.type == "cpu" and windowed_softmax_cpu.available():
+        valid = torch.ones(batch, length, dtype=torch.bool) if key_padding_mask is None else key_padding_mask
+        return windowed_softmax_cpu.windowed_softmax_cpu(query, key, value, valid, sliding_window=sliding_window,
+                                                         scaling=scaling)
     dtype = compute_dtype(query.dtype)
     halo = sliding_window - 1
     # SDPA's fused CPU kernel takes 4-D inputs: the blocks go to the batch dim, (B * nb, H, ., D).
