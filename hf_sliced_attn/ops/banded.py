@@ -44,7 +44,9 @@ Ops (self-attention only: queries and keys share the length T):
 * :func:`windowed_softmax`, softmax(q k^T * scaling) v over the valid keys of the window;
   a query with no valid key gives 0. Shapes: (B, H, T, D) each -> (B, H, T, D). With
   ``return_lse`` it also gives each query's log-normaliser log sum_j exp(q_i . k_j * scaling),
-  (B, H, T), which :mod:`.local_window` combines with a global kernel.
+  (B, H, T), which :mod:`.local_window` combines with a global kernel. On CPU it runs the C++
+  kernel of :mod:`.windowed_softmax_cpu` (one pass over each query's window, no gathered band)
+  where that builds; the band gathering above is its torch implementation, for other devices.
 
 ``key_padding_mask`` is (B, T), True for a real token. float16 / bfloat16 inputs are
 computed in float32 and returned in their dtype; float32 and float64 are computed as is.
@@ -275,8 +277,13 @@ def windowed_softmax(
 
     With ``return_lse``, also the log-normaliser lse_i = log sum_j exp(q_i . k_j * scaling) over
     the valid keys of i's window, (B, H, T) in float32 (float64 for float64 inputs), -inf for a
-    query with no valid key; differentiable like the output. The scores are then formed by
-    plain tensor ops (the same O(T * w) band) instead of SDPA's fused kernel.
+    query with no valid key; differentiable like the output.
+
+    On CPU, where the C++ kernel builds (:func:`.windowed_softmax_cpu.available`, the rule and the
+    ``HF_SLICED_ATTN_NATIVE`` switch of the sliced kernels), both forms run
+    :func:`.windowed_softmax_cpu.windowed_softmax_cpu`, which is faster than either torch form
+    (``block_size`` does not apply to it). Elsewhere the band is gathered by query blocks: without
+    ``return_lse`` into SDPA's fused kernel, with it into plain tensor ops (SDPA does not return lse).
     """
     if query.dim() != 4 or key.dim() != 4:
         raise ValueError(f"query and key must be (B, H, T, D), got {tuple(query.shape)} and {tuple(key.shape)}")
@@ -288,10 +295,11 @@ def windowed_softmax(
         )
     batch, heads, length, _ = query.shape
     scaling = query.shape[-1] ** -0.5 if scaling is None else scaling
-    if return_lse and query.device.type == "cpu" and windowed_softmax_cpu.available():
+    if query.device.type == "cpu" and windowed_softmax_cpu.available():
         valid = torch.ones(batch, length, dtype=torch.bool) if key_padding_mask is None else key_padding_mask
-        return windowed_softmax_cpu.windowed_softmax_cpu(query, key, value, valid, sliding_window=sliding_window,
-                                                         scaling=scaling)
+        out, lse = windowed_softmax_cpu.windowed_softmax_cpu(query, key, value, valid, sliding_window=sliding_window,
+                                                             scaling=scaling)
+        return (out, lse) if return_lse else out
     dtype = compute_dtype(query.dtype)
     halo = sliding_window - 1
     # SDPA's fused CPU kernel takes 4-D inputs: the blocks go to the batch dim, (B * nb, H, ., D).

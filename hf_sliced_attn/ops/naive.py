@@ -196,17 +196,21 @@ def windowed_softmax_reference(
     *,
     scaling: float | None = None,
     sliding_window: int | None = None,
-) -> torch.Tensor:
+    return_lse: bool = False,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Softmax attention over the allowed pairs, in float64; a query with no allowed key gets 0.
 
-    Shapes as :func:`rela_reference`.
+    Shapes as :func:`rela_reference`. With ``return_lse``, also the log-normaliser
+    lse_i = log sum_j exp(scaling q_i . k_j) over the allowed keys of query i, (B, H, Tq) in float64,
+    -inf for a query with none.
     """
     scaling = query.shape[-1] ** -0.5 if scaling is None else scaling
     q, k, v = query.double(), key.double(), value.double()
     mask = pair_mask(q.shape[0], q.shape[2], k.shape[2], key_padding_mask, sliding_window, q.device)
     scores = (q @ k.transpose(-1, -2) * scaling).masked_fill(~mask, float("-inf"))
     weights = torch.softmax(scores, dim=-1).nan_to_num(0.0)
-    return (weights @ v).to(query.dtype)
+    out = (weights @ v).to(query.dtype)
+    return (out, torch.logsumexp(scores, dim=-1)) if return_lse else out
 
 
 def local_window_reference(

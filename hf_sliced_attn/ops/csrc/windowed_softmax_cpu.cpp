@@ -41,31 +41,42 @@ namespace {
 using namespace sorted_sweep;
 
 // Queries per block: the key tile holds kBlock + 2 h keys, copied once per block.
-constexpr Index kBlock = 64;
+constexpr Index kBlock = 128;
+// Keys (of a query's scores) or dims (of a weighted sum of rows) summed in registers at a time.
+constexpr Index kChunk = 32;
 
-// The keys [begin, end) of one block's tile, transposed: tile[d * size + (j - begin)].
+// The keys [begin, end) of one block's tile, transposed: tile[d * stride + (j - begin)], each dim's
+// row zero-padded by kChunk so that scores can be summed a whole chunk past a window's end.
 template <typename Scalar>
 struct Tile {
   std::vector<Scalar> data;
-  Index begin = 0, size = 0;
+  Index begin = 0, stride = 0;
 
   void load(Rows<const Scalar> rows, Index from, Index to, Index dim) {
-    begin = from, size = to - from;
-    data.resize(dim * size);
-    for (Index j = 0; j < size; ++j) {
-      const Scalar* row = rows[from + j];
-      for (Index d = 0; d < dim; ++d) data[d * size + j] = row[d];
+    const Index size = to - from;
+    begin = from, stride = size + kChunk;
+    data.assign(dim * stride, Scalar(0));
+    // kRun rows at a time: each read row stays in cache while its dims are scattered.
+    constexpr Index kRun = 8;
+    for (Index j0 = 0; j0 < size; j0 += kRun) {
+      const Index run = std::min(kRun, size - j0);
+      for (Index d = 0; d < dim; ++d)
+        for (Index j = 0; j < run; ++j) data[d * stride + j0 + j] = rows[from + j0 + j][d];
     }
   }
-  // scores[j - lo] = sum_d x[d] tile[d][j], for the keys lo <= j < hi of the tile.
+  // scores[j - lo] = sum_d x[d] tile[d][j] for the keys lo <= j < hi of the tile, kChunk keys at a
+  // time summed in registers; scores holds hi - lo rounded up to kChunk (the rest is not used).
   void dot(const Scalar* __restrict x, Index lo, Index hi, Index dim, Scalar* __restrict scores) const {
     const Index n = hi - lo;
-    std::fill(scores, scores + n, Scalar(0));
-    for (Index d = 0; d < dim; ++d) {
-      const Scalar xd = x[d];
-      const Scalar* __restrict column = data.data() + d * size + (lo - begin);
-#pragma omp simd
-      for (Index j = 0; j < n; ++j) scores[j] += xd * column[j];
+    const Scalar* __restrict first = data.data() + (lo - begin);
+    for (Index j0 = 0; j0 < n; j0 += kChunk) {
+      Scalar sum[kChunk] = {};
+      for (Index d = 0; d < dim; ++d) {
+        const Scalar xd = x[d];
+        const Scalar* __restrict column = first + d * stride + j0;
+        for (Index j = 0; j < kChunk; ++j) sum[j] += xd * column[j];
+      }
+      std::copy(sum, sum + kChunk, scores + j0);
     }
   }
 };
@@ -85,8 +96,8 @@ struct Workspace {
   void reset(Index dim, Index halo) {
     query.resize(dim);
     sum.resize(dim);
-    scores.resize(2 * halo + 1);
-    extra.resize(2 * halo + 1);
+    scores.resize(2 * halo + 1 + kChunk);
+    extra.resize(2 * halo + 1 + kChunk);
   }
 };
 
@@ -97,16 +108,24 @@ void window_scores(Workspace<Scalar>& ws, const Scalar* q_row, double scaling, W
   ws.keys.dot(ws.query.data(), window.lo, window.hi, dim, ws.scores.data());
 }
 
-// sum_j weights[j - lo] rows[j] over the window, into out (D).
+// sum_j weights[j - lo] rows[j] over the window, into out (D), kChunk dims at a time summed in registers.
 template <typename Scalar>
 void weighted_rows(Rows<const Scalar> rows, const Scalar* weights, Window window, Index dim, Scalar* __restrict out) {
-  std::fill(out, out + dim, Scalar(0));
+  Index d0 = 0;
+  for (; d0 + kChunk <= dim; d0 += kChunk) {
+    Scalar sum[kChunk] = {};
+    for (Index j = window.lo; j < window.hi; ++j) {
+      const Scalar weight = weights[j - window.lo];
+      const Scalar* __restrict row = rows[j] + d0;
+      for (Index d = 0; d < kChunk; ++d) sum[d] += weight * row[d];
+    }
+    std::copy(sum, sum + kChunk, out + d0);
+  }
+  std::fill(out + d0, out + dim, Scalar(0));
   for (Index j = window.lo; j < window.hi; ++j) {
     const Scalar weight = weights[j - window.lo];
-    if (weight == Scalar(0)) continue;
     const Scalar* __restrict row = rows[j];
-#pragma omp simd
-    for (Index d = 0; d < dim; ++d) out[d] += weight * row[d];
+    for (Index d = d0; d < dim; ++d) out[d] += weight * row[d];
   }
 }
 
@@ -144,7 +163,7 @@ void forward_group(const Shape& shape, Index g, Index halo, double scaling, cons
       double total = 0.0;
       for (Index j = window.lo; j < window.hi; ++j) {
         Scalar& p = scores[j - window.lo];
-        p = valid_row[j] ? static_cast<Scalar>(std::exp(static_cast<double>(p) - top)) : Scalar(0);
+        p = valid_row[j] ? std::exp(p - static_cast<Scalar>(top)) : Scalar(0);
         total += p;
       }
       const Scalar inverse = static_cast<Scalar>(1.0 / total);
@@ -196,7 +215,7 @@ void backward_group(const Shape& shape, Index g, Index halo, double scaling, con
       ws.values.dot(go, window.lo, window.hi, D, ds);  // dO_i . v_j
       for (Index j = window.lo; j < window.hi; ++j) {
         const Index at = j - window.lo;
-        p[at] = valid_row[j] ? static_cast<Scalar>(std::exp(static_cast<double>(p[at]) - log_normaliser)) : Scalar(0);
+        p[at] = valid_row[j] ? std::exp(p[at] - static_cast<Scalar>(log_normaliser)) : Scalar(0);
         ds[at] = p[at] * (ds[at] + shift);
       }
       weighted_rows(kg, ds, window, D, ws.sum.data());
