@@ -22,6 +22,12 @@ Groups (all contenders map q, k, v (1, 12, T, 64) to (1, 12, T, 64)):
    ``attn_implementation`` sliced_relu / rela / sdpa / eager, on input_ids (1, T), and
    ``sliced_relu_converted``: sliced_relu with the options conversions use (4 slices, the
    MLP projection, the learned gain and mean value).
+4. ``sliced_relu_window64``: what a converted global layer with a local softmax window runs,
+   ``sliced_relu(..., return_denominator=True)`` then ``local_window_attention`` with
+   ``combine="shared"`` over the keys within ``WINDOW`` = 64 (on CPU the window's C++ kernel),
+   against ``sliced_relu`` alone and ``sdpa``, T = 1024 ... 65536.
+5. ``small/*``: issue #24's small shape, B = 32, T = 128, H = 12, D = 32, a window of 4: the same
+   three contenders (``small/sliced_relu_window4``, ``small/sliced_relu``, ``small/sdpa``).
 
 Modes: ``fwd`` is the forward pass under ``torch.no_grad()``; ``fwd+bwd`` is the forward
 pass with autograd plus ``out.backward(g)`` for a fixed random g (inputs q, k, v, or the
@@ -104,7 +110,7 @@ from benchmarks._harness import (  # noqa: E402
     point_ratio,
     write_results,
 )
-from hf_sliced_attn.ops import rela, sliced_relu, sliced_relu_bump  # noqa: E402
+from hf_sliced_attn.ops import local_window_attention, rela, sliced_relu, sliced_relu_bump  # noqa: E402
 from hf_sliced_attn.ops.naive import (  # noqa: E402
     rela_reference,
     sliced_relu_bump_reference,
@@ -193,12 +199,17 @@ def eager_softmax(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -
     return torch.matmul(torch.softmax(weights, dim=-1), value)
 
 
-def _qkv(length: int) -> list[torch.Tensor]:
+def _qkv(length: int, batch: int = 1, dim: int = HEAD_DIM) -> list[torch.Tensor]:
     gen = torch.Generator().manual_seed(length)
-    return [torch.randn(1, HEADS, length, HEAD_DIM, generator=gen).requires_grad_() for _ in range(3)]
+    return [torch.randn(batch, HEADS, length, dim, generator=gen).requires_grad_() for _ in range(3)]
 
 
-_DIRECTIONS = torch.nn.functional.normalize(torch.randn(HEADS, HEAD_DIM, generator=torch.Generator().manual_seed(0)), dim=-1)
+def _directions(dim: int) -> torch.Tensor:
+    """One fixed unit direction per head, (H, dim): the sliced contenders' projection."""
+    return torch.nn.functional.normalize(torch.randn(HEADS, dim, generator=torch.Generator().manual_seed(0)), dim=-1)
+
+
+_DIRECTIONS = _directions(HEAD_DIM)
 
 
 _BANDWIDTH = torch.full((HEADS,), math.log(2.0))
@@ -223,10 +234,35 @@ def _sliced_builder(op: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], tor
     return build
 
 
-def _qkv_builder(op: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]) -> Builder:
+def _qkv_builder(op: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor], batch: int = 1,
+                 dim: int = HEAD_DIM) -> Builder:
     def build(length: int) -> tuple[Forward, list[torch.Tensor]]:
-        q, k, v = _qkv(length)
+        q, k, v = _qkv(length, batch, dim)
         return (lambda: op(q, k, v)), [q, k, v]
+
+    return build
+
+
+def _window_builder(window: int | None, batch: int = 1, dim: int = HEAD_DIM) -> Builder:
+    """sliced_relu with its denominator, then (with a ``window``) local_window_attention "shared" over
+    the keys within ``window`` (gamma = 1 per head), as a converted global layer runs them; q, k and v
+    (batch, H, T, dim), projected as in :func:`_sliced_builder`. Without a window, sliced_relu alone."""
+    directions = _directions(dim)
+    mix = torch.ones(HEADS)
+
+    def build(length: int) -> tuple[Forward, list[torch.Tensor]]:
+        q, k, v = _qkv(length, batch, dim)
+
+        def forward() -> torch.Tensor:
+            s = torch.einsum("bhtd,hd->bht", q, directions)
+            t = torch.einsum("bhtd,hd->bht", k, directions)
+            if window is None:
+                return sliced_relu(s, t, v)
+            sliced, denominator = sliced_relu(s, t, v, return_denominator=True)
+            return local_window_attention(q, k, v, sliced, mix, window=window, combine="shared",
+                                          denominator=denominator)
+
+        return forward, [q, k, v]
 
     return build
 
@@ -289,7 +325,23 @@ ENCODER_GROUP = [
 # What `hf-sliced-attn convert` builds (README, "Conversion fidelity"): 4 slices, MLP projection, affine output.
 ENCODER_GROUP.append(Contender("encoder/sliced_relu_converted", _encoder_builder(
     "sliced_relu", num_slices=4, projection="mlp", affine_output=True), N_LOG_N))
-CONTENDER_NAMES = list(dict.fromkeys(c.name for c in (*SLICED_GROUP, *RELA_GROUP, *ENCODER_GROUP)))
+WINDOW = 64
+"""The local softmax window (|i - j| <= WINDOW) of the window contenders at B = 1, D = 64."""
+WINDOW_GROUP = [
+    Contender(f"sliced_relu_window{WINDOW}", _window_builder(WINDOW), N_LOG_N),
+    SLICED_GROUP[0],
+    SLICED_GROUP[2],
+]
+# Issue #24's small shape: B = 32 sequences of T = 128, H = 12, D = 32, a window of 4.
+SMALL_BATCH, SMALL_DIM, SMALL_WINDOW = 32, 32, 4
+SMALL_GROUP = [
+    Contender(f"small/sliced_relu_window{SMALL_WINDOW}", _window_builder(SMALL_WINDOW, SMALL_BATCH, SMALL_DIM),
+              N_LOG_N),
+    Contender("small/sliced_relu", _window_builder(None, SMALL_BATCH, SMALL_DIM), N_LOG_N),
+    Contender("small/sdpa", _qkv_builder(F.scaled_dot_product_attention, SMALL_BATCH, SMALL_DIM), QUADRATIC_TIME),
+]
+CONTENDER_NAMES = list(dict.fromkeys(
+    c.name for c in (*SLICED_GROUP, *RELA_GROUP, *ENCODER_GROUP, *WINDOW_GROUP, *SMALL_GROUP)))
 INTERLEAVED_DEFAULT = ("sliced_relu", "sliced_relu_bump", "sdpa")
 """What ``--interleaved`` compares unless ``--contenders`` is given: the bump kernel's bars."""
 
@@ -479,6 +531,11 @@ def bars(bench: Bench) -> list[Bar]:
             point_ratio(g("sliced_relu_bump", fb, 16384), g("sliced_relu", fb, 16384)), 1.25, False),
         Bar("sliced_relu_bump fwd+bwd peak memory linear in T: peak(65536) / peak(16384) (linear = 4)",
             point_ratio(g("sliced_relu_bump", fb, 65536), g("sliced_relu_bump", fb, 16384), "peak_bytes"), 4.6, False),
+        Bar(f"sliced_relu_window{WINDOW} fwd+bwd T=16384: sdpa time / sliced_relu_window{WINDOW} time",
+            point_ratio(g("sdpa", fb, 16384), g(f"sliced_relu_window{WINDOW}", fb, 16384)), 20, True),
+        Bar(f"sliced_relu_window{WINDOW} fwd+bwd: time(T=65536) / time(T=16384)",
+            point_ratio(g(f"sliced_relu_window{WINDOW}", fb, 65536), g(f"sliced_relu_window{WINDOW}", fb, 16384)),
+            4.6, False),
         Bar("rela fwd+bwd T=512: speed relative to eager (eager time / rela time)",
             point_ratio(g("eager", fb, 512), g("rela", fb, 512)), 0.9, True),
         Bar("rela fwd+bwd T=8192: peak memory rela / eager",
@@ -574,6 +631,10 @@ def groups(quick: bool, selected: list[str] | None) -> list[Group]:
         Group("rela", "ReLA vs softmax attention", RELA_GROUP, [128, 512] if quick else [2**p for p in range(7, 15)]),
         Group("encoder", "RoBERTa encoder, 2 layers, hidden 768, 12 heads", ENCODER_GROUP,
               [256] if quick else [256, 1024, 4096]),
+        Group("window", f"sliced_relu with a shared softmax window of {WINDOW} vs sliced_relu and softmax attention",
+              WINDOW_GROUP, [1024] if quick else [1024, 4096, 16384, 65536]),
+        Group("small", f"B={SMALL_BATCH}, D={SMALL_DIM}: sliced_relu with a shared softmax window of {SMALL_WINDOW} "
+              "vs sliced_relu and softmax attention", SMALL_GROUP, [128]),
     ]
     if selected is None:
         return every
