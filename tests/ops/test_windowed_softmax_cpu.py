@@ -19,16 +19,9 @@ from hf_sliced_attn.ops.naive import windowed_softmax_reference
 from tests.helpers.comparisons import assert_matches_reference, op_output_and_input_grads, relative_error
 from tests.helpers.native import requires_compiler, requires_compiler_for_inductor
 from tests.helpers.op_inputs import key_padding
+from tests.ops.test_sliced_relu_bump_cpu import TOLERANCES  # the CPU kernels' tolerances by dtype
 
 QKV = ("query", "key", "value")
-# dtype -> (output tolerance, gradient tolerance) against the float64 reference: float16 / bfloat16
-# are computed in float32 and rounded.
-TOLERANCES = {
-    torch.float32: (1e-5, 1e-4),
-    torch.float64: (1e-10, 1e-9),
-    torch.float16: (5e-3, 5e-3),
-    torch.bfloat16: (3e-2, 3e-2),
-}
 CASES = [
     # B, H, T, D, sliding_window, dtype
     (1, 1, 1, 3, 1, torch.float32),
