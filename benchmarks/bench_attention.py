@@ -428,11 +428,12 @@ def measure_groups(bench: Bench, groups: list[Group]) -> None:
 
 
 def interleaved_groups(measured: list[Group], lengths: list[int]) -> list[Group]:
-    """The groups at ``lengths``, each contender in the first group that holds it (softmax is in two)
-    and measured in fwd+bwd; groups left empty are dropped."""
+    """The groups at ``lengths``, each contender in the group holding the most of the selected ones (the
+    first of those; softmax is in several), so that the contenders a bar compares take turns with each
+    other, and measured in fwd+bwd; groups left empty are dropped."""
     seen: set[str] = set()
     kept = []
-    for group in measured:
+    for group in sorted(measured, key=lambda g: -len(g.contenders)):
         contenders = [c for c in group.contenders if "fwd+bwd" in c.modes and c.name not in seen]
         seen.update(c.name for c in contenders)
         if contenders:
