@@ -6,8 +6,10 @@ Each variant is one ``hf-sliced-attn convert`` run of the real all-MiniLM-L6-v2 
 (``benchmarks/data/quality/train.csv``) plus the shipped sentences
 (``hf_sliced_attn/data/text/convert_train.txt``), and measured on two held-out texts of other kinds:
 
-* the **tuning text**, Python standard-library docstrings (``heldout_docstrings.txt``), the converter's own
-  held-out text (``--heldout-text``): the converter's defaults are chosen on it;
+* the **tuning texts**, Python standard-library docstrings: their first sentences (``heldout_docstrings.txt``),
+  the converter's own held-out text (``--heldout-text``), and their whole paragraphs
+  (``tuning_docstring_paragraphs.txt``, 4 times longer), measured on the converted folder afterwards: the
+  converter's defaults are chosen on them;
 * the **reporting text**, paragraphs of the Python Language Reference (``reporting_reference.txt``), measured on
   the converted folder afterwards, never used to choose anything: the figures quoted as the converter's fidelity.
 
@@ -42,8 +44,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 from benchmarks._harness import RESULTS, Run, choice_list, write_results  # noqa: E402
 from benchmarks.bench_quality import DATA, HELDOUT, minilm_folder, write_training_sentences  # noqa: E402
 
-REPORTING = DATA / "reporting_reference.txt"
-"""The reporting text: never used to choose a setting (see ``benchmarks/data/build_quality_data.py``)."""
+AFTERWARDS = {"tuning_long": DATA / "tuning_docstring_paragraphs.txt", "reporting": DATA / "reporting_reference.txt"}
+"""The texts measured on the converted folder: the long tuning text, and the reporting text, never used to choose a
+setting (see ``benchmarks/data/build_quality_data.py``)."""
 
 OLD_SCHEDULE = ["--lora-r", "8", "--lora-alpha", "16", "--steps", "300", "--stage2-steps", "0",
                 "--keep-softmax-layers", "0"]
@@ -75,13 +78,13 @@ def convert_variant(name: str, mechanism: str, flags: list[str], work: Path) -> 
     subprocess.run(command, check=True)
     command_s, cpu_s = time.perf_counter() - start, _children_cpu_s() - cpu_before
     report = json.loads((output / "fidelity.json").read_text())
-    reporting = reporting_fidelity(output, report["training"]["max_length"])
-    return {"variant": name, "flags": " ".join(flags) or "(defaults)", "converted_layers": report["converted_layers"],
-            "embedding_cosine": report["embedding_cosine"]["after"],
-            "pairwise_spearman": report["pairwise_spearman"]["after"],
-            "reporting_embedding_cosine": reporting["embedding_cosine"],
-            "reporting_pairwise_spearman": reporting["pairwise_spearman"],
-            "transfer_time_s": report["wall_time_s"], "command_time_s": command_s, "command_cpu_time_s": cpu_s}
+    row = {"variant": name, "flags": " ".join(flags) or "(defaults)", "converted_layers": report["converted_layers"],
+           "embedding_cosine": report["embedding_cosine"]["after"], "pairwise_spearman": report["pairwise_spearman"]["after"]}
+    for text, measured in fidelity_afterwards(output, report["training"]["max_length"]).items():
+        row.update({f"{text}_embedding_cosine": measured["embedding_cosine"],
+                    f"{text}_pairwise_spearman": measured["pairwise_spearman"]})
+    print(markdown_row(row), flush=True)
+    return {**row, "transfer_time_s": report["wall_time_s"], "command_time_s": command_s, "command_cpu_time_s": cpu_s}
 
 
 def _children_cpu_s() -> float:
@@ -90,8 +93,8 @@ def _children_cpu_s() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def reporting_fidelity(folder: Path, max_length: int) -> dict:
-    """The converted ``folder`` against all-MiniLM-L6-v2 (sdpa) on the reporting text."""
+def fidelity_afterwards(folder: Path, max_length: int) -> dict[str, dict]:
+    """The converted ``folder`` against all-MiniLM-L6-v2 (sdpa) on each text of :data:`AFTERWARDS`."""
     from transformers import AutoModel, AutoTokenizer
 
     from hf_sliced_attn.conversion.attention_taps import converted_layers
@@ -100,26 +103,31 @@ def reporting_fidelity(folder: Path, max_length: int) -> dict:
 
     student = load_converted(folder)
     teacher = AutoModel.from_pretrained(minilm_folder(), attn_implementation="sdpa").eval()
-    texts = REPORTING.read_text(encoding="utf-8").splitlines()
-    return measure_fidelity(teacher, student, AutoTokenizer.from_pretrained(folder), texts,
-                            layers=converted_layers(student), max_length=max_length)
+    tokenizer, layers = AutoTokenizer.from_pretrained(folder), converted_layers(student)
+    return {name: measure_fidelity(teacher, student, tokenizer, path.read_text(encoding="utf-8").splitlines(),
+                                   layers=layers, max_length=max_length) for name, path in AFTERWARDS.items()}
 
 
 def markdown(run: Run, rows: list[dict]) -> str:
     """The markdown results file: the header and one row a variant."""
     lines = ["# Conversion fidelity of all-MiniLM-L6-v2", "", run.header(), "",
-             "Tuning text: Python docstrings (the converter's defaults are chosen on it). Reporting text: paragraphs "
-             "of the Python Language Reference, never used for choosing.", "",
-             "| variant | flags | converted layers | tuning: embedding cosine | tuning: pairwise Spearman | "
-             "reporting: embedding cosine | reporting: pairwise Spearman | transfer | whole command | its CPU time |",
-             "|---|---|---|---:|---:|---:|---:|---:|---:|---:|"]
-    for r in rows:
-        layers = ", ".join(map(str, r["converted_layers"]))
-        lines.append(f"| {r['variant']} | `{r['flags']}` | {layers} | {r['embedding_cosine']:.3f} | "
-                     f"{r['pairwise_spearman']:.3f} | {r['reporting_embedding_cosine']:.3f} | "
-                     f"{r['reporting_pairwise_spearman']:.3f} | {r['transfer_time_s']:.0f} s | "
-                     f"{r['command_time_s']:.0f} s | {r['command_cpu_time_s'] / 60:.1f} min |")
+             "Embedding cosine / pairwise Spearman against the softmax model. Tuning texts (the converter's defaults are "
+             "chosen on them): Python docstrings, first sentences (short) and whole paragraphs (long). Reporting text: "
+             "paragraphs of the Python Language Reference, never used for choosing.", "",
+             "| variant | flags | converted layers | tuning, short | tuning, long | reporting | transfer | whole command "
+             "| its CPU time |",
+             "|---|---|---|---:|---:|---:|---:|---:|---:|"]
+    lines += [markdown_row(r) + f" {r['transfer_time_s']:.0f} s | {r['command_time_s']:.0f} s | "
+                                f"{r['command_cpu_time_s'] / 60:.1f} min |" for r in rows]
     return "\n".join(lines) + "\n"
+
+
+def markdown_row(row: dict) -> str:
+    """The first cells of a variant's row: its name, flags, layers and its fidelity on each text."""
+    layers = ", ".join(map(str, row["converted_layers"]))
+    cells = [f"{row[f'{prefix}embedding_cosine']:.3f} / {row[f'{prefix}pairwise_spearman']:.3f}"
+             for prefix in ("", "tuning_long_", "reporting_")]
+    return f"| {row['variant']} | `{row['flags']}` | {layers} | {' | '.join(cells)} |"
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -92,3 +92,13 @@ def test_reporting_reference_is_other_text_than_all_the_rest(splits):
     words = sorted(len(line.split()) for line in lines)
     docstring_words = sorted(len(line.split()) for line in docstrings)
     assert words[len(words) // 2] >= 3 * docstring_words[len(docstring_words) // 2]
+
+
+def test_the_long_tuning_text_is_docstring_paragraphs_apart_from_the_reporting_text():
+    lines = (DATA / "tuning_docstring_paragraphs.txt").read_text(encoding="utf-8").splitlines()
+    assert len(lines) == 300 and len(set(map(normalise, lines))) == 300
+    assert all(line.isascii() and 30 <= len(line.split()) <= 150 and line.endswith(".") for line in lines)
+    reporting = {normalise(line) for line in (DATA / "reporting_reference.txt").read_text(encoding="utf-8").splitlines()}
+    assert not reporting & {normalise(line) for line in lines}
+    short = (DATA / "heldout_docstrings.txt").read_text(encoding="utf-8").splitlines()
+    assert sorted(map(len, lines))[150] >= 3 * sorted(map(len, short))[150]

@@ -50,8 +50,8 @@ script and the seed: running it twice gives the same bytes.
    text covers the library rather than a few large modules.
 
 3. **Reporting text for the conversion fidelity** (``reporting_reference.txt``, one passage per
-   line), never used to choose a setting: the docstrings above are the tuning text (the converter's
-   defaults were chosen on them), these paragraphs report. They are paragraphs of the Python
+   line), never used to choose a setting: the docstrings are the tuning texts (the converter's
+   defaults are chosen on them, see 4), these paragraphs report. They are paragraphs of the Python
    Language Reference as the interpreter ships it for ``help()`` (``pydoc_data.topics``): topics
    in sorted order, each topic's text cut into paragraphs at blank lines, whitespace collapsed;
    kept when a paragraph has ``REPORTING_MIN_WORDS`` to ``REPORTING_MAX_WORDS`` words, starts with
@@ -61,7 +61,15 @@ script and the seed: running it twice gives the same bytes.
    percentile), four times the docstrings' first sentences (17), so attention reaches well past
    a small local window.
 
-4. ``LICENSE.md``: the WordNet 3.0 license (quoted from the header of ``data.noun``), the PSF
+4. **Long tuning text** (``tuning_docstring_paragraphs.txt``): the first sentences of 2 are short
+   (17 tokens at the median), so a setting chosen on them alone says little about passages long
+   enough for attention to reach past a local window. These are whole paragraphs of the same
+   docstrings (modules and their public classes and functions as in 2), kept under the rules of
+   the reporting text (``REPORTING_MIN_WORDS`` to ``REPORTING_MAX_WORDS`` words, a capital first, a
+   period last, ASCII, no doctest prompt), none equal to a reporting paragraph, taken round-robin
+   over the modules until ``REPORTING_PASSAGES``.
+
+5. ``LICENSE.md``: the WordNet 3.0 license (quoted from the header of ``data.noun``), the PSF
    license of the docstrings and the reference, how the files were built (this command, the WordNet package
    version, the SHA-256 of ``data.noun``, the Python version) and the class counts.
 """
@@ -189,7 +197,9 @@ def first_sentence(doc: str | None) -> str | None:
     return None
 
 
-def module_passages(name: str) -> list[str]:
+def module_docstrings(name: str) -> list[str]:
+    """The docstrings of module ``name``: its own, then those of its public classes and functions defined in it,
+    by name (``inspect.getdoc``); none for a module that cannot be imported here."""
     try:
         with warnings.catch_warnings(), redirect_stdout(io.StringIO()), redirect_stderr(io.StringIO()):
             warnings.simplefilter("ignore")
@@ -204,12 +214,29 @@ def module_passages(name: str) -> list[str]:
         if getattr(obj, "__module__", None) != name:
             continue
         docs.append(inspect.getdoc(obj))
+    return [doc for doc in docs if doc]
+
+
+def module_passages(name: str) -> list[str]:
     passages = []
-    for doc in docs:
+    for doc in module_docstrings(name):
         sentence = first_sentence(doc)
         if sentence and sentence not in passages:
             passages.append(sentence)
     return passages
+
+
+def module_paragraphs(name: str) -> list[str]:
+    """The whole paragraphs of ``name``'s docstrings that :func:`build_docstring_paragraphs` keeps."""
+    kept = []
+    for doc in module_docstrings(name):
+        for paragraph in doc.split("\n\n"):
+            paragraph = " ".join(paragraph.split())
+            if (REPORTING_MIN_WORDS <= len(paragraph.split()) <= REPORTING_MAX_WORDS and paragraph[0].isupper()
+                    and paragraph.endswith(".") and paragraph.isascii() and ">>>" not in paragraph
+                    and paragraph not in kept):
+                kept.append(paragraph)
+    return kept
 
 
 def round_robin(per_source: list[list[str]], count: int, exclude: set[str], what: str) -> list[str]:
@@ -227,9 +254,17 @@ def round_robin(per_source: list[list[str]], count: int, exclude: set[str], what
     raise SystemExit(f"Only {len(taken)} {what} found, {count} needed.")
 
 
+def stdlib_modules() -> list[str]:
+    return sorted(m for m in sys.stdlib_module_names if not m.startswith("_") and m not in EXCLUDED_MODULES)
+
+
 def build_docstrings(exclude: set[str]) -> list[str]:
-    modules = sorted(m for m in sys.stdlib_module_names if not m.startswith("_") and m not in EXCLUDED_MODULES)
-    return round_robin([module_passages(m) for m in modules], HELDOUT_PASSAGES, exclude, "docstring passages")
+    return round_robin([module_passages(m) for m in stdlib_modules()], HELDOUT_PASSAGES, exclude, "docstring passages")
+
+
+def build_docstring_paragraphs(exclude: set[str]) -> list[str]:
+    return round_robin([module_paragraphs(m) for m in stdlib_modules()], REPORTING_PASSAGES, exclude,
+                       "docstring paragraphs")
 
 
 # ----------------------------------------------------------------------------- the language reference
@@ -284,6 +319,7 @@ it again gives the same files.
 | `validation.csv` | 400 | same, for tuning and the default benchmark split |
 | `test.csv` | 400 | same, held out: final figures only |
 | `heldout_docstrings.txt` | {HELDOUT_PASSAGES} | first sentences of Python {python} standard-library docstrings (conversion: tuning text) |
+| `tuning_docstring_paragraphs.txt` | {REPORTING_PASSAGES} | whole paragraphs of Python {python} standard-library docstrings (conversion: long tuning text) |
 | `reporting_reference.txt` | {REPORTING_PASSAGES} | paragraphs of the Python {python} Language Reference, `pydoc_data.topics` (conversion: reporting text, never used for choosing) |
 
 Inputs: Debian package `wordnet-base` {package_version('wordnet-base')}, `data.noun` SHA-256
@@ -314,7 +350,7 @@ Reference: George A. Miller (1995). WordNet: A Lexical Database for English.
 Communications of the ACM 38(11): 39-41. Christiane Fellbaum (1998, ed.) WordNet: An
 Electronic Lexical Database. Cambridge, MA: MIT Press.
 
-## Python Software Foundation License (`heldout_docstrings.txt`, `reporting_reference.txt`)
+## Python Software Foundation License (`heldout_docstrings.txt`, `tuning_docstring_paragraphs.txt`, `reporting_reference.txt`)
 
 The passages are excerpts of the docstrings of the CPython {python} standard library and of the
 Python Language Reference as it ships with CPython {python} (`pydoc_data.topics`),
@@ -348,11 +384,14 @@ def main(argv: list[str] | None = None) -> None:
     (args.output / "heldout_docstrings.txt").write_text("\n".join(docstrings) + "\n", encoding="utf-8")
     reference = build_reporting_text(exclude=glosses | {normalise(d) for d in docstrings})
     (args.output / "reporting_reference.txt").write_text("\n".join(reference) + "\n", encoding="utf-8")
+    paragraphs = build_docstring_paragraphs(exclude={normalise(r) for r in reference})
+    (args.output / "tuning_docstring_paragraphs.txt").write_text("\n".join(paragraphs) + "\n", encoding="utf-8")
     (args.output / "LICENSE.md").write_text(license_note(data_noun, counts, args.seed), encoding="utf-8")
     for label, c in sorted(counts.items()):
         print(f"{label:20s} synsets {c['synsets']:6d}  usable {c['candidates']:6d}")
     print(f"wrote {', '.join(f'{n} {len(r)}' for n, r in splits.items())}, "
-          f"{len(docstrings)} docstring passages, {len(reference)} reference paragraphs to {args.output}")
+          f"{len(docstrings)} docstring passages, {len(reference)} reference paragraphs, {len(paragraphs)} docstring "
+          f"paragraphs to {args.output}")
 
 
 if __name__ == "__main__":
