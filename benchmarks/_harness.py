@@ -56,6 +56,13 @@ def source_state() -> str:
     return f"commit {commit}{changes}"
 
 
+def source_record() -> dict[str, object]:
+    """The full commit (``git rev-parse HEAD``), whether the source files (see ``SOURCES``) differ from it,
+    and which do: for a JSON results file."""
+    changes = [line[3:] for line in _git("status", "--porcelain", "--", *SOURCES).splitlines()]
+    return {"commit": _git("rev-parse", "HEAD") or "unknown", "dirty": bool(changes), "changes": changes}
+
+
 def cpu_name() -> str:
     """The CPU's model name (``/proc/cpuinfo``), or the machine type where it has none."""
     try:

@@ -1,0 +1,218 @@
+"""benchmarks/bench_long_range.py end to end on tiny sizes (both tasks, every contender, the results files and
+their fields), the ListOps generator against an independent evaluator, and the document-matching builder's
+labels and splits."""
+
+from __future__ import annotations
+
+import json
+import random
+import statistics
+
+import pytest
+
+from benchmarks import bench_long_range as bench
+from benchmarks.data.long_range import build_retrieval_data as builder
+from benchmarks.long_range_tasks import (
+    CLS,
+    LISTOPS,
+    SEP,
+    ListOpsSpec,
+    ListOpsTask,
+    RetrievalTask,
+    collate,
+    generate_tree,
+    listops_example,
+    make_task,
+    retrieval_data,
+    tree_tokens,
+)
+
+SEEDS = [0, 1]
+
+
+# --------------------------------------------------------------------------- end to end
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory):
+    output = tmp_path_factory.mktemp("long_range")
+    argv = ["--lengths", "64", "--steps", "3", "--seeds", ",".join(map(str, SEEDS)), "--hidden-size", "16",
+            "--heads", "2", "--local-window", "16", "--batch-size", "4", "--warmup-steps", "2", "--evaluations", "2",
+            "--validation-examples", "8", "--test-examples", "8", "--output", str(output)]
+    assert bench.main(argv) == 0
+    return output, json.loads((output / "long_range.json").read_text()), argv
+
+
+def test_every_task_contender_and_seed_ran_with_its_curve(results):
+    output, raw, _ = results
+    for name in ("long_range.md", "long_range.json", "long_range.png"):
+        assert (output / name).stat().st_size > 0
+    runs = {(r["task"], r["length"], r["contender"], r["seed"]): r for r in raw["runs"]}
+    assert set(runs) == {(task, 64, c.name, seed) for task in bench.TASKS for c in bench.CONTENDERS for seed in SEEDS}
+    for run in runs.values():
+        assert run["steps"] == 3 and run["stopped_by"] == "steps"
+        assert [point["step"] for point in run["curve"]] == [2, 3]  # at progress 1/2 and 1
+        assert all(0 <= point["validation_accuracy"] <= 1 for point in run["curve"])
+        assert run["train_seconds"] > 0 and run["wall_seconds"] >= run["train_seconds"] and run["peak_bytes"] >= 0
+        assert 0 <= run["test_accuracy"] <= 1
+    assert raw["comparison"] == "equal steps"
+
+
+def test_the_results_record_the_source_command_seeds_and_memory(results):
+    output, raw, argv = results
+    assert len(raw["source"]["commit"]) == 40 and isinstance(raw["source"]["dirty"], bool)
+    assert raw["environment"]["command"].endswith(" ".join(argv)) and raw["settings"]["seeds"] == SEEDS
+    report = (output / "long_range.md").read_text()
+    assert "equal steps, T = 64" in report and "Not measured by it: equal wall time, and T = 1024, 4096" in report
+    rows = {(row["task"], row["contender"]): row for row in raw["summary"]}
+    assert len(rows) == len(bench.TASKS) * len(bench.CONTENDERS)
+    for (task, contender), row in rows.items():
+        assert row["seeds"] == SEEDS and row["peak_bytes_max"] > 0
+        assert row["test_accuracy_mean"] == pytest.approx(statistics.fmean(row["test_accuracy"]))
+        assert f"| {task} | 64 | {contender} | {row['test_accuracy_mean']:.3f}" in report
+        assert row["chance"]["uniform"] == 1 / make_task(task, 64).num_labels
+
+
+def test_paired_differences_are_to_sdpa_of_the_same_seed(results):
+    _, raw, _ = results
+    accuracy = {(r["task"], r["contender"], r["seed"]): r["test_accuracy"] for r in raw["runs"]}
+    for row in raw["summary"]:
+        difference = row["difference_to_reference"]
+        if row["contender"] == "sdpa":
+            assert difference is None
+            continue
+        expected = [accuracy[row["task"], row["contender"], s] - accuracy[row["task"], "sdpa", s] for s in SEEDS]
+        assert difference["values"] == pytest.approx(expected)
+        assert difference["low"] <= difference["mean"] <= difference["high"]
+
+
+def test_each_contender_runs_the_attention_it_claims(results):
+    _, raw, _ = results
+    modes = {r["contender"]: r["layer_modes"] for r in raw["runs"]}
+    assert modes["sdpa"] == [None, None]
+    assert modes["sliced_relu"] == modes["sliced_relu_tuned"] == ["sliced_relu", "sliced_relu"]
+    assert modes["rela"] == ["rela", "rela"]
+    assert modes["hybrid"] == ["sliced_relu", "softmax"]  # layer 0 global, layer 1 local
+
+
+def test_bad_names_are_refused_with_the_choices(capsys):
+    for flag, name in (("--tasks", "imdb"), ("--contenders", "performer")):
+        with pytest.raises(SystemExit):
+            bench.parse_args([flag, name])
+        error = capsys.readouterr().err
+        assert f"unknown ['{name}']" in error and ("listops, retrieval" in error or "sdpa, sliced_relu" in error)
+    with pytest.raises(ValueError, match="choose from listops, retrieval"):
+        make_task("imdb", 64)
+
+
+def test_an_equal_time_run_stops_on_its_clock(tmp_path):
+    argv = ["--tasks", "listops", "--contenders", "sdpa", "--lengths", "32", "--seeds", "0", "--steps", "100000",
+            "--seconds", "0.05", "--hidden-size", "16", "--heads", "2", "--evaluations", "1",
+            "--validation-examples", "4", "--test-examples", "4", "--output", str(tmp_path)]
+    assert bench.main(argv) == 0
+    raw = json.loads((tmp_path / "long_range.json").read_text())
+    (run,) = raw["runs"]
+    assert run["stopped_by"] == "seconds" and run["steps"] < 100000 and run["train_seconds"] >= 0.05
+    assert raw["comparison"] == "equal wall time"
+
+
+# --------------------------------------------------------------------------- ListOps
+
+
+def python_expression(tokens: list[str]) -> str:
+    """The token sequence in Python syntax: ``[MAX 2 [MIN 3 4 ] ]`` -> ``MAX(2, MIN(3, 4))``."""
+    out = []
+    for token in tokens:
+        if out and token != "]" and not out[-1].endswith("("):
+            out.append(", ")
+        out.append(token[1:] + "(" if token.startswith("[") else ")" if token == "]" else token)
+    return "".join(out)
+
+
+FUNCTIONS = {"MAX": lambda *a: max(a), "MIN": lambda *a: min(a), "SM": lambda *a: sum(a) % 10,
+             "MED": lambda *a: sorted(a)[(len(a) - 1) // 2] if len(a) % 2 else (sorted(a)[len(a) // 2 - 1]
+                                                                                 + sorted(a)[len(a) // 2]) // 2}
+
+
+def test_the_label_is_the_value_of_the_expression_written_in_python():
+    rng = random.Random(7)
+    operators = set()
+    for _ in range(200):
+        tokens, label = listops_example(LISTOPS, 128, rng)
+        operators.update(t for t in tokens if t.startswith("["))
+        assert label == eval(python_expression(tokens), {"__builtins__": {}}, FUNCTIONS)
+    assert operators == set(LISTOPS.operators)
+
+
+def test_the_python_evaluator_can_disagree():
+    assert python_expression(["[MED", "1", "2", "[SM", "9", "4", "]", "8", "]"]) == "MED(1, 2, SM(9, 4), 8)"
+    assert eval("MED(1, 2, SM(9, 4), 8)", {}, FUNCTIONS) == 2  # (2 + 3) // 2: the mean of the middle two, rounded down
+    assert eval("MED(1, 2, SM(9, 4), 8)", {}, FUNCTIONS) != eval("MAX(1, 2, SM(9, 4), 8)", {}, FUNCTIONS)
+
+
+def shape(tree, depth: int = 1) -> tuple[int, list[int]]:
+    """An expression's deepest operator's depth (root 1; 0 for a digit) and every operator's argument count."""
+    if isinstance(tree, int):
+        return 0, []
+    found = [shape(argument, depth + 1) for argument in tree[1]]
+    return max([depth] + [deepest for deepest, _ in found]), [len(tree[1])] + [n for _, counts in found for n in counts]
+
+
+def test_lengths_depth_and_arguments_follow_the_spec():
+    spec = ListOpsSpec(max_depth=3, max_args=4)
+    rng = random.Random(0)
+    depths = set()
+    for _ in range(300):
+        tree, length = generate_tree(spec, rng)
+        deepest, counts = shape(tree)
+        depths.add(deepest)
+        assert length == len(tree_tokens(tree)) and all(2 <= count <= spec.max_args for count in counts)
+    assert depths == {0, 1, 2}  # operators below max_depth only: depth 3 is digits
+    task = ListOpsTask(256)
+    lengths = [len(ids) for ids, _ in task.evaluation("test", 50)]
+    assert min(lengths) >= 1 + int(0.25 * 255) and max(lengths) <= 256
+    assert task.evaluation("test", 50) == task.evaluation("test", 50) != task.evaluation("validation", 50)
+
+
+# --------------------------------------------------------------------------- document matching
+
+
+def test_builder_pairs_are_balanced_and_labelled_same_document(tmp_path):
+    stdlib = tmp_path / "lib"
+    for index in range(10):
+        words = " ".join(f"name{index}_{k}" for k in range(2 * builder.SEGMENT_TOKENS + index))
+        (stdlib / f"pkg{index}").mkdir(parents=True)
+        (stdlib / f"pkg{index}" / "module.py").write_text(words)
+    (stdlib / "short.py").write_text("x = 1\n")  # too short: left out
+    (stdlib / "zz_copy.py").write_text((stdlib / "pkg0" / "module.py").read_text())  # a repeated text: left out
+    data = builder.build(stdlib, seed=3)
+    assert [d["path"] for d in data["documents"]] == [f"pkg{i}/module.py" for i in range(10)]
+    split_documents = {}
+    for name, pairs in data["splits"].items():
+        assert all(label == int(head == tail) for head, tail, label in pairs)
+        heads = [head for head, _, _ in pairs]
+        assert sum(label for *_, label in pairs) * 2 == len(pairs)  # balanced
+        for document in set(heads):  # each head (and tail) as often in positive as in negative pairs
+            assert sum(1 for h, _, label in pairs if h == document and label) == heads.count(document) / 2
+        split_documents[name] = set(heads)
+    assert not split_documents["train"] & (split_documents["validation"] | split_documents["test"])
+    assert data == builder.build(stdlib, seed=3)
+
+
+def test_a_retrieval_example_is_the_head_and_tail_of_its_pair():
+    task = RetrievalTask(64)
+    data = retrieval_data()
+    ids, label = task.evaluation("test", 1)[0]
+    head, tail, expected = data["splits"]["test"][0]
+    assert label == expected and len(ids) == 64 and ids[0] == CLS and ids[32] == SEP
+    assert ids[1:32] == task._ids(data["documents"][head]["head"])[:31]
+    assert ids[33:] == task._ids(data["documents"][tail]["tail"])[-31:]
+    assert {label for *_, label in data["splits"]["test"]} == {0, 1}
+    with pytest.raises(ValueError, match="T up to 4096"):
+        RetrievalTask(8192)
+
+
+def test_collate_pads_and_masks():
+    batch = collate([([CLS, 5, 6], 1), ([CLS, 7], 0)])
+    assert batch["input_ids"].tolist() == [[CLS, 5, 6], [CLS, 7, 0]]
+    assert batch["attention_mask"].tolist() == [[1, 1, 1], [1, 1, 0]] and batch["labels"].tolist() == [1, 0]
