@@ -1,7 +1,8 @@
 """The maths, free of transformers: fast ops and their float64 references.
 
-The ops are torch functions; on CPU, ``sliced_relu`` runs the C++ kernel of
-:mod:`.sliced_relu_cpu` (built on first use by :mod:`._native`). Each op sits next to its
+The ops are torch functions; on CPU, ``sliced_relu`` and ``sliced_relu_bump`` run the C++ kernels of
+:mod:`.sliced_relu_cpu` and ``windowed_softmax`` (so ``local_window_attention``) that of
+:mod:`.windowed_softmax_cpu`, built on first use by :mod:`._native`. Each op sits next to its
 reference in :mod:`hf_sliced_attn.ops.naive`, and the tests compare the two, values and
 gradients.
 """
