@@ -267,7 +267,8 @@ def run_one(contender: Contender, task: Task, seed: int, args: argparse.Namespac
 
 
 def run_all(args: argparse.Namespace) -> tuple[list[RunRecord], dict[str, dict[str, Any]]]:
-    """Every task, T, seed and contender; the records, and per task and T its evaluation labels' chance."""
+    """Every task, T, seed and contender; the records, and per task and T the chance levels of its validation and
+    test examples."""
     records, chance = [], {}
     plan = [(name, length, seed) for name in args.tasks for length in args.lengths for seed in args.seeds]
     overall = tqdm(total=len(plan) * len(args.contenders), desc="runs", mininterval=1)
@@ -275,7 +276,7 @@ def run_all(args: argparse.Namespace) -> tuple[list[RunRecord], dict[str, dict[s
         task = make_task(name, length)
         evaluation = {"validation": task.evaluation("validation", args.validation_examples),
                       "test": task.evaluation("test", args.test_examples)}
-        chance[f"{name}/{length}"] = chance_levels(task, evaluation["test"])
+        chance[f"{name}/{length}"] = {split: chance_levels(task, examples) for split, examples in evaluation.items()}
         for contender in args.contenders:
             records.append(run_one(BY_NAME[contender], task, seed, args, evaluation))
             overall.update()
@@ -314,7 +315,7 @@ def summarize(records: list[RunRecord], chance: dict[str, dict[str, Any]]) -> li
             "task": task, "T": length, "contender": contender, "seeds": [run.seed for run in runs],
             "test_accuracy": accuracies, "test_accuracy_mean": statistics.fmean(accuracies),
             "test_accuracy_std": statistics.stdev(accuracies) if len(accuracies) > 1 else None,
-            "chance": chance[f"{task}/{length}"],
+            "chance": chance[f"{task}/{length}"]["test"],
             "steps_mean": statistics.fmean(run.steps for run in runs),
             "train_seconds_mean": statistics.fmean(run.train_seconds for run in runs),
             "wall_seconds_mean": statistics.fmean(run.wall_seconds for run in runs),
@@ -350,23 +351,28 @@ def results_table(rows: list[dict[str, Any]]) -> list[str]:
              ("Accuracy: mean ± std over seeds (each seed). Chance: the majority label's share of the test examples "
               "/ 1 ÷ classes. Difference: accuracy − sdpa's, same seed, mean [95% t-interval]. Peak: the largest "
               "resident-memory growth over the seeds' runs."), "",
-             f"| task | T | contender | test accuracy | chance | − {REFERENCE} | steps | training s | wall s | peak |",
-             "|---|---:|---|---|---|---|---:|---:|---:|---:|"]
+             f"| task | T | contender | test accuracy | chance | − majority | − {REFERENCE} | steps | training s | wall s "
+             "| peak |", "|---|---:|---|---|---|---:|---|---:|---:|---:|---:|"]
     for row in rows:
         std = "" if row["test_accuracy_std"] is None else f" ± {row['test_accuracy_std']:.3f}"
         each = ", ".join(f"{value:.3f}" for value in row["test_accuracy"])
         chance = row["chance"]
         lines.append(
             f"| {row['task']} | {row['T']} | {row['contender']} | {row['test_accuracy_mean']:.3f}{std} ({each}) | "
-            f"{chance['majority_share']:.3f} / {chance['uniform']:.3f} | {fmt_interval(row['difference_to_reference'])} | "
+            f"{chance['majority_share']:.3f} / {chance['uniform']:.3f} | "
+            f"{row['test_accuracy_mean'] - chance['majority_share']:+.3f} | {fmt_interval(row['difference_to_reference'])} | "
             f"{row['steps_mean']:.0f} | {row['train_seconds_mean']:.0f} | {row['wall_seconds_mean']:.0f} | "
             f"{fmt_bytes(row['peak_bytes_max'])} |")
     return lines + [""]
 
 
-def curve_table(records: list[RunRecord]) -> list[str]:
-    """Markdown: the validation curves, mean over seeds at each evaluation (accuracy @ mean training seconds)."""
-    lines = ["## Validation accuracy during training (mean over seeds, at mean training seconds)", ""]
+def curve_table(records: list[RunRecord], chance: dict[str, dict[str, Any]]) -> list[str]:
+    """Markdown: the validation curves, mean over seeds at each evaluation (accuracy @ mean training seconds),
+    and the validation examples' majority-label share."""
+    lines = ["## Validation accuracy during training (mean over seeds, at mean training seconds)", "",
+             "Majority label's share of the validation examples: " + ", ".join(
+                 f"{key.replace('/', ' T=')} {levels['validation']['majority_share']:.3f}"
+                 for key, levels in chance.items()) + ".", ""]
     for (task, length, contender), runs in group_records(records).items():
         points = zip(*(run.curve for run in runs))
         cells = [f"{statistics.fmean(p['validation_accuracy'] for p in point):.3f} @ "
@@ -396,12 +402,13 @@ def settings_line(args: argparse.Namespace) -> str:
             f"{', '.join(map(str, args.seeds))}; {torch.get_num_threads()} torch thread(s).")
 
 
-def report(run: Run, args: argparse.Namespace, records: list[RunRecord], rows: list[dict[str, Any]]) -> str:
+def report(run: Run, args: argparse.Namespace, records: list[RunRecord], rows: list[dict[str, Any]],
+           chance: dict[str, dict[str, Any]]) -> str:
     """The markdown results file."""
     contenders = [f"- `{name}`: {BY_NAME[name].description}" for name in args.contenders]
     return "\n".join(["# Quality at long range: small encoders trained from scratch (issue #25)", "",
                       run.header(), "", *scope_lines(args, records), settings_line(args), "", *contenders, "",
-                      *results_table(rows), *curve_table(records),
+                      *results_table(rows), *curve_table(records, chance),
                       f"Curves: `{STEM}.png`; every run, its curve and its layers' attention: `{STEM}.json`.", ""])
 
 
@@ -421,7 +428,8 @@ def plot_curves(path: Path, records: list[RunRecord], chance: dict[str, dict[str
             color = f"C{contenders.index(record.contender)}"
             ax.plot([p["train_seconds"] for p in record.curve], [p["validation_accuracy"] for p in record.curve],
                     marker="o", color=color, alpha=0.7, label=record.contender if record.seed == records[0].seed else None)
-        ax.axhline(chance[f"{task}/{length}"]["majority_share"], color="gray", linestyle="--", label="majority label")
+        ax.axhline(chance[f"{task}/{length}"]["validation"]["majority_share"], color="gray", linestyle="--",
+                   label="majority label")
         ax.set_xlabel("training seconds")
         ax.set_ylabel("validation accuracy")
         ax.set_title(f"{task}, T={length}")
@@ -471,7 +479,7 @@ def main(argv: list[str] | None = None) -> int:
     records, chance = run_all(args)
     run.finish()
     rows = summarize(records, chance)
-    markdown = report(run, args, records, rows)
+    markdown = report(run, args, records, rows, chance)
     print("\n" + markdown)
     write_results(args.output, STEM, markdown, {
         "environment": run.record(), "source": source_record(), "comparison": comparison(records), "settings": vars(args) | {"output": str(args.output)},

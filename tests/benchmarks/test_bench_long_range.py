@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import random
 import statistics
+from collections import Counter
 
 import pytest
 
@@ -71,6 +72,7 @@ def test_the_results_record_the_source_command_seeds_and_memory(results):
         assert row["test_accuracy_mean"] == pytest.approx(statistics.fmean(row["test_accuracy"]))
         assert f"| {task} | 64 | {contender} | {row['test_accuracy_mean']:.3f}" in report
         assert row["chance"]["uniform"] == 1 / make_task(task, 64).num_labels
+        assert raw["chance"][f"{task}/64"]["validation"]["examples"] == 8
 
 
 def test_paired_differences_are_to_sdpa_of_the_same_seed(results):
@@ -177,6 +179,22 @@ def test_lengths_depth_and_arguments_follow_the_spec():
 # --------------------------------------------------------------------------- document matching
 
 
+def check_pairs(data: dict) -> None:
+    """Labels say "same document"; every split is balanced, every head and tail as often in a positive as in a
+    negative pair; no document is in two splits."""
+    documents = {}
+    for name, pairs in data["splits"].items():
+        assert all(label == int(head == tail) for head, tail, label in pairs)
+        assert sum(label for *_, label in pairs) * 2 == len(pairs)
+        for end in (0, 1):
+            uses = Counter(pair[end] for pair in pairs)
+            positives = Counter(pair[end] for pair in pairs if pair[2])
+            assert all(positives[document] * 2 == count for document, count in uses.items())
+        documents[name] = {head for head, _, _ in pairs}
+    assert not documents["train"] & documents["validation"] and not documents["test"] & documents["validation"]
+    assert not documents["train"] & documents["test"]
+
+
 def test_builder_pairs_are_balanced_and_labelled_same_document(tmp_path):
     stdlib = tmp_path / "lib"
     for index in range(10):
@@ -187,16 +205,22 @@ def test_builder_pairs_are_balanced_and_labelled_same_document(tmp_path):
     (stdlib / "zz_copy.py").write_text((stdlib / "pkg0" / "module.py").read_text())  # a repeated text: left out
     data = builder.build(stdlib, seed=3)
     assert [d["path"] for d in data["documents"]] == [f"pkg{i}/module.py" for i in range(10)]
-    split_documents = {}
-    for name, pairs in data["splits"].items():
-        assert all(label == int(head == tail) for head, tail, label in pairs)
-        heads = [head for head, _, _ in pairs]
-        assert sum(label for *_, label in pairs) * 2 == len(pairs)  # balanced
-        for document in set(heads):  # each head (and tail) as often in positive as in negative pairs
-            assert sum(1 for h, _, label in pairs if h == document and label) == heads.count(document) / 2
-        split_documents[name] = set(heads)
-    assert not split_documents["train"] & (split_documents["validation"] | split_documents["test"])
-    assert data == builder.build(stdlib, seed=3)
+    assert data["documents"][4]["head"].split()[0] == "name4_0" and data["documents"][4]["tail"].split()[-1] == (
+        f"name4_{2 * builder.SEGMENT_TOKENS + 3}")
+    check_pairs(data)
+    assert data == builder.build(stdlib, seed=3) != builder.build(stdlib, seed=4)
+    data["splits"]["test"][0][2] ^= 1  # a wrong label is caught
+    with pytest.raises(AssertionError):
+        check_pairs(data)
+
+
+def test_the_shipped_data_is_what_its_licence_file_says():
+    data = retrieval_data()
+    check_pairs(data)
+    assert len(data["documents"]) == 414 and {k: len(v) for k, v in data["splits"].items()} == {
+        "train": 3968, "validation": 166, "test": 166}
+    assert all(d["tokens"] >= 2 * data["segment_tokens"] for d in data["documents"])
+    assert all(len(d["head"].split(" ")) == len(d["tail"].split(" ")) == 2047 for d in data["documents"])
 
 
 def test_a_retrieval_example_is_the_head_and_tail_of_its_pair():
