@@ -35,13 +35,12 @@ import shlex
 import subprocess
 import sys
 import tempfile
-import time
 from importlib.resources import files
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
-from benchmarks._harness import RESULTS, Run, choice_list, write_results  # noqa: E402
+from benchmarks._harness import RESULTS, Run, choice_list, timed, write_results  # noqa: E402
 from benchmarks.bench_quality import DATA, HELDOUT, minilm_folder, write_training_sentences  # noqa: E402
 
 AFTERWARDS = {"tuning_long": DATA / "tuning_docstring_paragraphs.txt", "reporting": DATA / "reporting_reference.txt"}
@@ -74,9 +73,9 @@ def convert_variant(name: str, mechanism: str, flags: list[str], work: Path) -> 
                "--attn", mechanism, "--text", *map(str, text), "--heldout-text", str(HELDOUT), "--output", str(output),
                *flags]
     print(" ".join(command[1:]), flush=True)
-    cpu_before, start = _children_cpu_s(), time.perf_counter()
-    subprocess.run(command, check=True)
-    command_s, cpu_s = time.perf_counter() - start, _children_cpu_s() - cpu_before
+    cpu_before = _children_cpu_s()
+    _, command_s = timed(lambda: subprocess.run(command, check=True))
+    cpu_s = _children_cpu_s() - cpu_before
     report = json.loads((output / "fidelity.json").read_text())
     row = {"variant": name, "flags": " ".join(flags) or "(defaults)", "converted_layers": report["converted_layers"],
            "embedding_cosine": report["embedding_cosine"]["after"], "pairwise_spearman": report["pairwise_spearman"]["after"]}
