@@ -494,6 +494,41 @@ class Panel:
     lines: dict[str, Series]
 
 
+@dataclass
+class CurvePanel:
+    """One linear panel of curves: its title, axis labels, the curves (legend label or None, matplotlib colour,
+    xs, ys) and optionally a dashed reference line (label, y)."""
+
+    title: str
+    xlabel: str
+    ylabel: str
+    curves: list[tuple[str | None, str, list[float], list[float]]]
+    reference: tuple[str, float] | None = None
+
+
+def plot_curves(path: Path, panels: list[CurvePanel]) -> Path:
+    """A PNG of side-by-side linear panels of curves (e.g. accuracy against training time)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(panels), figsize=(5.5 * len(panels), 4.2), constrained_layout=True, squeeze=False)
+    for ax, panel in zip(axes[0], panels, strict=True):
+        for label, color, xs, ys in panel.curves:
+            ax.plot(xs, ys, marker="o", color=color, alpha=0.7, label=label)
+        if panel.reference is not None:
+            ax.axhline(panel.reference[1], color="gray", linestyle="--", label=panel.reference[0])
+        ax.set_xlabel(panel.xlabel)
+        ax.set_ylabel(panel.ylabel)
+        ax.set_title(panel.title)
+        ax.grid(True, alpha=0.3)
+        ax.legend()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
 def plot_loglog(path: Path, title: str, panels: list[Panel]) -> Path:
     """A PNG of side-by-side log-log panels against the sequence length T."""
     import matplotlib

@@ -82,12 +82,14 @@ from transformers import AutoModelForSequenceClassification, ModernBertConfig  #
 import hf_sliced_attn  # noqa: E402
 from benchmarks._harness import (  # noqa: E402
     RESULTS,
+    CurvePanel,
     Run,
     choice_list,
     fmt_bytes,
     int_list,
     paired_interval,
     peak_run,
+    plot_curves,
     source_record,
     timed,
     write_results,
@@ -412,31 +414,18 @@ def report(run: Run, args: argparse.Namespace, records: list[RunRecord], rows: l
                       f"Curves: `{STEM}.png`; every run, its curve and its layers' attention: `{STEM}.json`.", ""])
 
 
-def plot_curves(path: Path, records: list[RunRecord], chance: dict[str, dict[str, Any]]) -> None:
-    """A PNG: per task and T, validation accuracy against training seconds, one line per run, a colour per
+def curve_panels(records: list[RunRecord], chance: dict[str, dict[str, Any]]) -> list[CurvePanel]:
+    """Per task and T, validation accuracy against training seconds, one curve per run, a colour per
     contender, the majority-label share dashed."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     panels = list(dict.fromkeys((record.task, record.length) for record in records))
     contenders = list(dict.fromkeys(record.contender for record in records))
-    fig, axes = plt.subplots(1, len(panels), figsize=(5.5 * len(panels), 4.2), constrained_layout=True, squeeze=False)
-    for ax, (task, length) in zip(axes[0], panels, strict=True):
-        for record in (r for r in records if (r.task, r.length) == (task, length)):
-            color = f"C{contenders.index(record.contender)}"
-            ax.plot([p["train_seconds"] for p in record.curve], [p["validation_accuracy"] for p in record.curve],
-                    marker="o", color=color, alpha=0.7, label=record.contender if record.seed == records[0].seed else None)
-        ax.axhline(chance[f"{task}/{length}"]["validation"]["majority_share"], color="gray", linestyle="--",
-                   label="majority label")
-        ax.set_xlabel("training seconds")
-        ax.set_ylabel("validation accuracy")
-        ax.set_title(f"{task}, T={length}")
-        ax.grid(True, alpha=0.3)
-        ax.legend()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    return [CurvePanel(
+        f"{task}, T={length}", "training seconds", "validation accuracy",
+        [(record.contender if record.seed == records[0].seed else None, f"C{contenders.index(record.contender)}",
+          [p["train_seconds"] for p in record.curve], [p["validation_accuracy"] for p in record.curve])
+         for record in records if (record.task, record.length) == (task, length)],
+        ("majority label", chance[f"{task}/{length}"]["validation"]["majority_share"]),
+    ) for task, length in panels]
 
 
 # --------------------------------------------------------------------------- main
@@ -485,7 +474,7 @@ def main(argv: list[str] | None = None) -> int:
         "environment": run.record(), "source": source_record(), "comparison": comparison(records), "settings": vars(args) | {"output": str(args.output)},
         "contenders": {name: asdict(BY_NAME[name]) for name in args.contenders}, "chance": chance,
         "summary": rows, "runs": [asdict(record) for record in records]})
-    plot_curves(args.output / f"{STEM}.png", records, chance)
+    plot_curves(args.output / f"{STEM}.png", curve_panels(records, chance))
     return 0
 
 
