@@ -56,8 +56,8 @@ time), and which of the issue's lengths it did not measure, is stated at the top
 
 Commands::
 
-    python benchmarks/bench_long_range.py --lengths 1024 --steps 400            # equal steps, T=1024
-    python benchmarks/bench_long_range.py --lengths 1024,4096 --seconds 1200 --steps 1000000   # equal time
+    python benchmarks/bench_long_range.py --lengths 1024 --steps 1000           # equal steps, T=1024 (about 4 h)
+    python benchmarks/bench_long_range.py --lengths 1024,4096 --seconds 1200 --steps 1000000   # equal time (about 20 h)
     python benchmarks/bench_long_range.py --lengths 64 --steps 4 --seeds 0 --hidden-size 16 --output /tmp/lr
 """
 
@@ -465,13 +465,15 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
     run = Run(Path(__file__).name, argv)
+    source = source_record()  # at the start: other commits may land in the checkout while the run goes on
     records, chance = run_all(args)
     run.finish()
     rows = summarize(records, chance)
     markdown = report(run, args, records, rows, chance)
     print("\n" + markdown)
     write_results(args.output, STEM, markdown, {
-        "environment": run.record(), "source": source_record(), "comparison": comparison(records), "settings": vars(args) | {"output": str(args.output)},
+        "environment": run.record(), "source": source, "comparison": comparison(records),
+        "settings": vars(args) | {"output": str(args.output)},
         "contenders": {name: asdict(BY_NAME[name]) for name in args.contenders}, "chance": chance,
         "summary": rows, "runs": [asdict(record) for record in records]})
     plot_curves(args.output / f"{STEM}.png", curve_panels(records, chance))
