@@ -20,7 +20,14 @@ user starts fine-tuning. Contenders:
   linear slice per head, no affine output);
 * ``sliced_relu_converted``: ``prepare_config(config, "sliced_relu", num_slices=4, projection="mlp",
   affine_output=True)``, the options ``hf-sliced-attn convert`` and the recipe's transfer build;
-* ``rela``: ``prepare_config(config, "rela")``.
+* ``rela``: ``prepare_config(config, "rela")``;
+* ``attention_free``: the ceiling, not a mechanism: an attention that costs nothing (each token's output is
+  its own value row; q and k are still projected, and their gradients are 0), registered by this script as
+  ``attn_implementation="attention_free"`` with attention dropout 0. Every other cost of the step (the
+  projections, the feed-forward layers, layer norms, hidden dropout, the optimiser) is the same as for the
+  other contenders, so ``sdpa_fused``'s time / its time bounds the speed-up any attention can give on this
+  model (Amdahl's law). Plain ``sliced_relu`` folds its projection into the query and key layers and skips
+  most of their cost, so it can sit slightly above this ceiling.
 
 The model is in ``train()`` mode with its config's dropouts (hidden 0.1; attention-probability
 dropout only exists for softmax, and ``sdpa_fused`` sets it to 0), optimised by ``torch.optim.AdamW(lr=1e-5)``. A
@@ -59,7 +66,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 
 import torch  # noqa: E402
 import transformers  # noqa: E402
-from transformers import AutoConfig, AutoModelForSequenceClassification  # noqa: E402
+from transformers import AttentionInterface, AttentionMaskInterface, AutoConfig, AutoModelForSequenceClassification  # noqa: E402
+from transformers.masking_utils import sdpa_mask  # noqa: E402
 
 import hf_sliced_attn  # noqa: E402
 from benchmarks._harness import (  # noqa: E402
@@ -96,10 +104,24 @@ CONTENDERS: dict[str, Contender] = {
     "sliced_relu": Contender("sliced_relu"),
     "sliced_relu_converted": Contender("sliced_relu", CONVERTED),
     "rela": Contender("rela"),
+    "attention_free": Contender("attention_free", config={"attention_probs_dropout_prob": 0.0}),
 }
 """Column name -> its :class:`Contender`."""
 BASELINES = ("sdpa_fused", "sdpa")
 """The softmax baselines every speed-up is reported against: the fused path (the bars), and the default."""
+
+CEILING = "attention_free"
+"""The contender that bounds every attention's speed-up (see the module docstring)."""
+
+
+def attention_free(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                   attention_mask: torch.Tensor | None, **kwargs: Any) -> tuple[torch.Tensor, None]:
+    """The ceiling's attention: (B, H, T, D) values -> (B, T, H, D), each token attending to itself alone."""
+    return value.transpose(1, 2), None
+
+
+AttentionInterface.register(CEILING, attention_free)
+AttentionMaskInterface.register(CEILING, sdpa_mask)
 
 BARS = [
     ("sliced_relu_converted", (32, 128), 1.1),
@@ -211,7 +233,23 @@ def report(run: Run, steps: int, times: dict[str, dict[str, Point]]) -> tuple[st
                      + " |")
     bars = [Bar(f"{name} at {batch}×{length}: {BASELINES[0]} time / {name} time",
                 speedup(times, name, f"{batch}x{length}"), threshold, True) for name, (batch, length), threshold in BARS]
-    return "\n".join([*lines, "", bars_table(bars)]), bars
+    return "\n".join([*lines, "", bars_table(bars), "", *ceiling_lines(times)]), bars
+
+
+def ceiling_lines(times: dict[str, dict[str, Point]]) -> list[str]:
+    """The ceiling's speed-up per shape, and which bars lie above it (no attention can meet those here)."""
+    lines = [f"## Ceiling: `{CEILING}` (an attention that costs nothing)", ""]
+    for shape in times:
+        ceiling = speedup(times, CEILING, shape)
+        if ceiling is None:
+            continue
+        above = [f"{name} ≥ {threshold:g}×" for name, (batch, length), threshold in BARS
+                 if f"{batch}x{length}" == shape and threshold > ceiling]
+        has_bars = any(f"{batch}x{length}" == shape for _, (batch, length), _ in BARS)
+        verdict = (f"bars above it: {', '.join(above)}; no attention can meet them on this model and machine"
+                   if above else "every bar of this shape lies below it" if has_bars else "no bar at this shape")
+        lines.append(f"- {shape}: {BASELINES[0]} / {CEILING} = {fmt_ratio(ceiling)}; {verdict}.")
+    return lines
 
 
 def parse_arguments(description: str, argv: list[str] | None, count: tuple[str, int, str]) -> argparse.Namespace:

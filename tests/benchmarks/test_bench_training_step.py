@@ -1,0 +1,48 @@
+"""benchmarks/bench_training_step.py: every contender (the attention-free ceiling included) takes a step at a tiny
+size and runs what it claims, and the report names the bars that lie above the ceiling."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from benchmarks import bench_training_step as bench
+from benchmarks._harness import Point
+from hf_sliced_attn.attention import LAYER_MODE_ATTR
+
+
+def test_every_contender_takes_a_step(tmp_path):
+    assert bench.main(["--shapes", "2x16", "--steps", "1", "--threads", "1", "--output", str(tmp_path)]) == 0
+    record = json.loads((tmp_path / "training_step.json").read_text())
+    assert {r["contender"] for r in record["results"]} == set(bench.CONTENDERS)
+    assert all(r["median_s"] > 0 for r in record["results"])
+    assert "- 2x16: sdpa_fused / attention_free = " in (tmp_path / "training_step.md").read_text()
+
+
+@pytest.mark.parametrize("name", ["attention_free", "sliced_relu_converted"])
+def test_a_contender_runs_its_attention(name):
+    model = bench.build_model(name)
+    assert model.config._attn_implementation == bench.CONTENDERS[name].implementation
+    if name == "sliced_relu_converted":
+        modes = {getattr(layer.attention.self, LAYER_MODE_ATTR) for layer in model.bert.encoder.layer}
+        assert modes == {"sliced_relu"}
+
+
+def test_the_ceiling_attention_returns_each_tokens_value():
+    value = bench.torch.randn(2, 3, 5, 4)
+    out, weights = bench.attention_free(None, value + 1, value - 1, value, None)
+    assert weights is None and out.shape == (2, 5, 3, 4)
+    assert bench.torch.equal(out, value.transpose(1, 2))
+
+
+def test_bars_above_the_ceiling_are_named():
+    def points(ceiling_s: float) -> dict[str, Point]:
+        return {"sdpa_fused": Point(3.0), bench.CEILING: Point(ceiling_s)}
+
+    lines = bench.ceiling_lines({"32x128": points(2.0), "8x512": points(1.6), "4x32": points(2.9)})
+    by_shape = {line.split(":")[0].lstrip("- "): line for line in lines if line.startswith("- ")}
+    assert "every bar of this shape lies below it" in by_shape["32x128"]  # ceiling 1.5: bars 1.1 and 1.3
+    assert "sliced_relu_converted ≥ 1.7×" not in by_shape["8x512"]  # ceiling 1.875 clears 1.7
+    assert "sliced_relu ≥ 2×" in by_shape["8x512"]
+    assert "no bar at this shape" in by_shape["4x32"]
