@@ -1,8 +1,10 @@
 #!/usr/bin/env python
-"""Time and peak memory of the attention ops on one device, side by side: sliced ReLU, ReLA and SDPA.
+"""Time and peak memory of the attention ops on one device, side by side: sliced ReLU (both kernels), the
+local softmax window with it, ReLA and SDPA.
 
 The GPU half of ``benchmarks/gpu_check.sh`` (which runs the ``cuda`` op tests first). For each
-sequence length T (B=1, H=12, D=64, fp32 unless ``--dtype``), every contender runs forward and
+sequence length T (B=1, H=12, D=64, fp32 unless ``--dtype``; 4 slices; the bump kernel's bandwidth 0.7;
+the local window w = 64 combined by the shared normaliser), every contender runs forward and
 forward+backward; the median of ``--repeats`` timed runs after one warm-up (``benchmarks/_harness.py``),
 with the device synchronised around each, and the peak memory above the inputs (on CUDA
 the allocator's ``torch.cuda.max_memory_allocated``, on CPU the resident set's growth). SDPA is
@@ -30,17 +32,33 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 from benchmarks._harness import RESULTS, Run, int_list, measure_point, write_results  # noqa: E402
-from hf_sliced_attn.ops import rela, sliced_relu  # noqa: E402
+from hf_sliced_attn.ops import (  # noqa: E402
+    local_window_attention,
+    rela,
+    sliced_relu,
+    sliced_relu_bump,
+    windowed_softmax,
+)
 
-HEADS, DIM, SLICES = 12, 64, 4
+HEADS, DIM, SLICES, WINDOW = 12, 64, 4, 64
 
 
 def contenders(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, s: torch.Tensor, t: torch.Tensor
                ) -> dict[str, tuple[Callable[[], torch.Tensor], list[torch.Tensor]]]:
     """name -> (forward thunk, its differentiable inputs)."""
+    bandwidth = torch.full((HEADS, SLICES), 0.7, device=v.device, dtype=v.dtype)
+    gamma = torch.ones(HEADS, device=v.device, dtype=v.dtype)
+
+    def sliced_relu_window() -> torch.Tensor:
+        sliced, denominator = sliced_relu(s, t, v, return_denominator=True)
+        return local_window_attention(q, k, v, sliced, gamma, window=WINDOW, combine="shared", denominator=denominator)
+
     return {
         "sdpa": (lambda: F.scaled_dot_product_attention(q, k, v), [q, k, v]),
         "sliced_relu": (lambda: sliced_relu(s, t, v), [s, t, v]),
+        "sliced_relu_bump": (lambda: sliced_relu_bump(s, t, v, bandwidth), [s, t, v]),
+        f"windowed_softmax_w{WINDOW}": (lambda: windowed_softmax(q, k, v, sliding_window=WINDOW + 1), [q, k, v]),
+        f"sliced_relu_window{WINDOW}": (sliced_relu_window, [q, k, v, s, t]),
         "rela": (lambda: rela(q, k, v), [q, k, v]),
     }
 

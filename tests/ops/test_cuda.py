@@ -10,16 +10,27 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hf_sliced_attn.ops import gated_rms_norm, rela, sliced_relu, sliced_relu_bump, value_mean, windowed_sliced_relu
+from hf_sliced_attn.ops import (
+    gated_rms_norm,
+    rela,
+    sliced_relu,
+    sliced_relu_bump,
+    value_mean,
+    windowed_sliced_relu,
+    windowed_softmax,
+)
 from hf_sliced_attn.ops._sorted import prefix_sum_
 from hf_sliced_attn.ops.naive import (
     gated_rms_norm_reference,
+    local_window_reference,
     rela_reference,
     sliced_relu_bump_reference,
     sliced_relu_reference,
     value_mean_reference,
+    windowed_softmax_reference,
 )
 from tests.helpers.comparisons import assert_matches_reference
+from tests.ops.test_local_window import differentiable, inputs, sliced_local_window
 from tests.helpers.op_inputs import attention_inputs
 
 pytestmark = pytest.mark.cuda
@@ -70,6 +81,40 @@ def test_rela_and_value_mean_on_cuda(window):
                              sliding_window=window)
     assert_matches_reference(value_mean, value_mean_reference, dict(value=v, key_padding_mask=mask),
                              differentiable=("value",), rtol=1e-5, grad_rtol=1e-4, sliding_window=window)
+
+
+@pytest.mark.parametrize("return_lse", [False, True], ids=["out", "out-lse"])
+def test_windowed_softmax_on_cuda(return_lse):
+    """The torch implementation (the CPU kernel is CPU-only), through the output and, with lse, through both."""
+    gen = torch.Generator().manual_seed(1)
+    q, k, v = (torch.randn(2, 3, 300, 32, generator=gen).cuda() for _ in range(3))
+    mask = (torch.rand(2, 300, generator=gen) > 0.2).cuda()
+
+    def joined(op):
+        def call(**kwargs):
+            if not return_lse:
+                return op(**kwargs)
+            out, lse = op(**kwargs, return_lse=True)
+            return torch.cat([out, torch.where(torch.isfinite(lse), lse, 0.0).unsqueeze(-1).to(out.dtype)], -1)
+        return call
+
+    out = assert_matches_reference(joined(windowed_softmax), joined(windowed_softmax_reference),
+                                   dict(query=q, key=k, value=v, key_padding_mask=mask),
+                                   differentiable=("query", "key", "value"), rtol=1e-5, grad_rtol=1e-4,
+                                   sliding_window=65)
+    assert out.is_cuda
+
+
+@pytest.mark.parametrize("kernel", ["relu", "bump"])
+@pytest.mark.parametrize("combine", ["gate", "shared"])
+def test_local_window_attention_on_cuda(kernel, combine):
+    """The window's softmax with the global sliced term (every learned input differentiated), on the GPU."""
+    tensors = inputs(2, 3, 2, 200, 16, combine=combine, bump=kernel == "bump", affine=True, padded=True, seed=4)
+    tensors = {name: None if x is None else x.cuda() for name, x in tensors.items()}
+    out = assert_matches_reference(sliced_local_window, local_window_reference, tensors,
+                                   differentiable=differentiable(tensors), rtol=1e-5, grad_rtol=1e-4, window=16,
+                                   combine=combine, scaling=0.6)
+    assert out.is_cuda
 
 
 def test_gated_rms_norm_on_cuda():
