@@ -39,7 +39,7 @@ def test_every_results_file_is_in_the_index():
 def test_every_results_path_the_readme_quotes_exists_or_the_index_says_why_not():
     not_backed = INDEX.read_text().split("Not backed by a file here:", 1)[1].lstrip().split("\n\n", 1)[0]
     paths = readme_paths()
-    assert "long_context.md" in paths and "training_step_repeat/" in paths
+    assert "long_context.md" in paths and "training_step_fused/" in paths
     missing = [p for p in paths if not (RESULTS / p).exists() and f"`{p}`" not in not_backed]
     assert not missing, missing
 
