@@ -94,6 +94,16 @@ def test_matches_the_reference(case, padded, implementation):
         assert (lse[-1] == float("-inf")).all()
 
 
+def test_peaked_scores_match_the_reference(implementation):
+    """Scores spread over hundreds of units: weights from 1 down to float underflow within one window, values
+    and gradients against float64."""
+    case = (2, 3, 61, 16, 17, torch.float32)
+    tensors = _inputs(case, padded=True, seed=3)
+    rtol, grad_rtol = TOLERANCES[torch.float32]
+    assert_matches_reference(_with_lse(windowed_softmax), _with_lse(windowed_softmax_reference), tensors,
+                             differentiable=QKV, rtol=rtol, grad_rtol=grad_rtol, scaling=12.0, sliding_window=case[4])
+
+
 @pytest.mark.parametrize("case", [pytest.param(case, id=_case_id(case)) for case in HALF_CASES])
 def test_half_precision(case, implementation):
     """Computed in float32, returned in the input's dtype."""
