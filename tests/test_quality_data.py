@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 DATA = Path(__file__).resolve().parents[1] / "benchmarks" / "data" / "quality"
-SPLITS = {"train": 1600, "validation": 400, "test": 400}
+SPLITS = {"train": 1600, "validation": 400, "test": 400, "test_large": 2000}
 LABELS = {"noun.act", "noun.artifact", "noun.communication", "noun.person"}
 
 

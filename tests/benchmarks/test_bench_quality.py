@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import argparse
 import statistics
+from pathlib import Path
 
 import pytest
 
-from benchmarks.bench_quality import PARITY_FLOOR, markdown, summarise
+from benchmarks.bench_quality import DATA, PARITY_FLOOR, markdown, recipe_command, split_size, summarise
 from benchmarks._harness import Run
 
 
@@ -52,3 +54,21 @@ def test_pairs_come_from_a_reference_run_and_the_table_names_it():
     report = markdown(run, settings, summary, None)
     assert "sdpa's runs from `ref/quality.json`" in report
     assert "| sliced_relu | 0, 1 | -0.0012" in report
+
+
+@pytest.mark.parametrize("split", ["validation", "test", "test_large"])
+def test_each_split_is_its_own_file_and_the_table_gives_its_size(split):
+    """The recipe evaluates on the split's csv, and the table states how many examples that held."""
+    args = argparse.Namespace(split=split, max_length=96, epochs=3, learning_rate=1e-4, batch_size=32,
+                              max_train_steps=None, recipe_args="")
+    command = recipe_command(args, "sdpa", 0, Path("/tmp/run"))
+    assert command[command.index("--validation_file") + 1] == str(DATA / f"{split}.csv")
+    lines = (DATA / f"{split}.csv").read_text(encoding="utf-8").splitlines()
+    assert split_size(split) == len(lines) - 1  # one header line
+    settings = {"split": split, "seeds": [0], "epochs": 3, "learning_rate": 1e-4, "batch_size": 32,
+                "max_length": 96, "max_train_steps": None, "recipe_args": ""}
+    run = Run("bench_quality.py", [])
+    run.finish()
+    runs = _runs("sdpa", {0: 0.9})
+    report = markdown(run, settings, summarise(runs, ["sdpa"], runs), None)
+    assert f"train 1600, {split} {split_size(split)})" in report
