@@ -1,4 +1,4 @@
-"""Rectified linear attention (ReLA, arXiv 2104.07012), computed in query blocks.
+"""Rectified linear attention (ReLA, arXiv 2104.07012): on CPU the C++ kernel, elsewhere query blocks.
 
 Per batch element and head, with scores S = Q K^T * scaling (scaling defaults to D^-1/2):
 
@@ -12,7 +12,14 @@ no softmax and no normalisation; masked pairs contribute exactly 0.
 Shapes: query (B, H, Tq, D), key and value (B, H, Tk, D), key_padding_mask (B, Tk) bool
 -> output (B, H, Tq, D) in the input dtype (float16/bfloat16 are computed in float32).
 
-Memory. The queries are processed ``block_size`` rows at a time, so only a
+Implementations. On CPU, where the C++ kernel builds (:func:`.rela_cpu.available`, the rule and the
+``HF_SLICED_ATTN_NATIVE`` switch of the package's other kernels), :func:`rela` runs
+:func:`.rela_cpu.rela_cpu`: (query tile, key tile) pairs of scores that stay in cache, each product a
+BLAS call, several times faster than the torch implementation below (which it computes exactly, up
+to rounding) and at least as fast as SDPA's CPU flash kernel. On other devices, and on CPUs without
+a compiler, the torch implementation of this module runs.
+
+Memory of the torch implementation. The queries are processed ``block_size`` rows at a time, so only a
 (B, H, block, Tk) slab of scores exists at once (with a window, only the keys of the band
 [start - w + 1, end + w - 2] are touched; the others are skipped). The backward pass is a
 custom :class:`torch.autograd.Function` that recomputes each block's weights
@@ -31,6 +38,7 @@ from __future__ import annotations
 import torch
 from torch.autograd.function import once_differentiable
 
+from . import rela_cpu
 from ._common import band_mask, check_key_padding_mask, check_sliding_window, compute_dtype, key_range
 
 __all__ = ["rela"]
@@ -186,8 +194,9 @@ def rela(
         key_padding_mask: optional (B, Tk) bool, True for a real token; padded keys get weight 0.
         scaling: score scale, D^-1/2 by default.
         sliding_window: w keeps the pairs with |i - j| <= w - 1; None keeps all.
-        block_size: queries per block. Scores exist (B, H, block_size, Tk) at a time in the
-            forward and backward passes; sequences up to this length run as one block.
+        block_size: queries per block of the torch implementation. Scores exist (B, H, block_size,
+            Tk) at a time in the forward and backward passes; sequences up to this length run as
+            one block. The CPU kernel tiles by itself (256 x 256 scores per thread) and ignores it.
 
     Returns:
         (B, H, Tq, D) in query's dtype. Queries with no allowed key get 0.
@@ -196,6 +205,10 @@ def rela(
     scaling = query.shape[-1] ** -0.5 if scaling is None else float(scaling)
     if key_padding_mask is not None:
         key_padding_mask = key_padding_mask.to(device=key.device, dtype=torch.bool)
+    if query.device.type == "cpu" and rela_cpu.available():
+        valid = (torch.ones(key.shape[0], key.shape[2], dtype=torch.bool) if key_padding_mask is None
+                 else key_padding_mask)
+        return rela_cpu.rela_cpu(query, key, value, valid, sliding_window=sliding_window, scaling=scaling)
     if torch.is_grad_enabled() and (query.requires_grad or key.requires_grad or value.requires_grad):
         return _ReLAFunction.apply(query, key, value, key_padding_mask, scaling, sliding_window, block_size)
     q_scaled, key_c, value_c = _prepare(query, key, value, key_padding_mask, scaling)

@@ -1,4 +1,6 @@
-"""Blocked ReLA (hf_sliced_attn.ops.rela) against the float64 quadratic reference."""
+"""ReLA's torch implementation (hf_sliced_attn.ops.rela in query blocks: what other devices run, and
+CPUs without a compiler) against the float64 quadratic reference. The CPU kernel is turned off here;
+tests/ops/test_rela_cpu.py checks it, against this implementation too."""
 
 from __future__ import annotations
 
@@ -8,6 +10,7 @@ from functools import partial
 import pytest
 import torch
 
+from hf_sliced_attn.ops import rela_cpu
 from hf_sliced_attn.ops.naive import rela_reference
 from hf_sliced_attn.ops.rela import rela
 from tests.helpers.comparisons import assert_matches_reference, op_output_and_input_grads, relative_error
@@ -26,6 +29,13 @@ SHAPES = [
 BLOCK_SIZES = [16, 512]  # 16 < T: several blocks, T not a multiple of 16; 512: one block
 WINDOWS = [None, 1, 3, 65]
 QKV = ("query", "key", "value")  # the differentiable inputs
+
+
+@pytest.fixture(autouse=True)
+def torch_implementation(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every test here runs the torch implementation: the kernel turned off, any use of it failing."""
+    monkeypatch.setattr(rela_cpu, "available", lambda: False)
+    monkeypatch.setattr(rela_cpu, "rela_cpu", None)
 
 
 def make_inputs(

@@ -1,0 +1,263 @@
+// Rectified linear attention (ReLA) on CPU in cache-sized tiles, the tiles' products by torch's BLAS.
+//
+// For one (batch, head) group, queries Q (Tq, D), keys K and values V (Tk, D), the scaling c and the
+// mask M (M_ij = 1 when key j is valid and, with a window of halo h = w - 1, |i - j| <= h):
+//
+//     S = c Q K^T,   A = ReLU(S) ⊙ M,   O = A V.
+//
+// Backward, for the gradient dO (Tq, D) of O, recomputing A tile by tile (nothing pair-sized is kept):
+//
+//     dV = A^T dO,   dA = dO V^T,   dS = dA ⊙ 1[A > 0],   dQ = c dS K,   dK = c dS^T Q.
+//
+// ReLU needs no running maximum, so a query tile's output is a plain sum over key tiles,
+// O_i = sum_j A_ij V_j, and nothing is rescaled. The queries go in tiles of kQueryTile rows and the
+// keys in tiles of kKeyTile rows: a (kQueryTile, kKeyTile) score tile stays in the core's cache
+// between the products that make and use it. Each product is one call of at::native::cpublas::gemm
+// (MKL's sgemm/dgemm where torch is built with it; torch's own gemm otherwise) reading the tensors in
+// place through their token strides; the ReLU, the mask and dS are one pass over the tile. Key tiles
+// that the window or the padding masks entirely are skipped (exact: their weights are 0), and a
+// query tile's key tiles start at the first key its window reaches.
+//
+// Threads: the forward splits (group, query tile) pairs over torch's intra-op threads, the backward
+// splits groups (its dK and dV sum over a group's query tiles); BLAS runs single-threaded inside.
+// float and double are computed in their own precision.
+//
+// Layouts: q, k, v, out, grad_out and the gradients (B, H, T, D) with any (batch, head, token)
+// element strides and a contiguous last dim; valid (B, Tk) uint8. Entry points return 0, or 1
+// after an exception.
+
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <limits>
+#include <stdexcept>
+#include <vector>
+
+// The Fortran BLAS products that libtorch_cpu exports (MKL's, in torch's x86 builds).
+extern "C" {
+void sgemm_(const char* trans_a, const char* trans_b, const int* m, const int* n, const int* k, const float* alpha,
+            const float* a, const int* lda, const float* b, const int* ldb, const float* beta, float* c,
+            const int* ldc);
+void dgemm_(const char* trans_a, const char* trans_b, const int* m, const int* n, const int* k, const double* alpha,
+            const double* a, const int* lda, const double* b, const int* ldb, const double* beta, double* c,
+            const int* ldc);
+}
+
+namespace {
+
+using Index = std::int64_t;
+
+constexpr Index kQueryTile = 256;
+constexpr Index kKeyTile = 256;
+
+struct Shape {
+  Index batch, heads, q_len, k_len, dim, halo;  // halo < 0: no window
+  Index groups() const { return batch * heads; }
+  Index query_tiles() const { return (q_len + kQueryTile - 1) / kQueryTile; }
+};
+
+// Token rows of one group of a (B, H, T, D) tensor: row(i) points at token i's D values.
+template <typename T>
+struct Rows {
+  T* base;
+  Index stride;
+  T* row(Index i) const { return base + i * stride; }
+};
+
+template <typename T>
+Rows<T> group_rows(T* data, const Index* strides, const Shape& shape, Index g) {
+  return {data + (g / shape.heads) * strides[0] + (g % shape.heads) * strides[1], strides[2]};
+}
+
+// Row-major C (m, n) = alpha op(A) op(B) + beta C, op(A) (m, k), op(B) (k, n), leading dims the row
+// strides: the column-major BLAS call on the transposes, C^T = op(B)^T op(A)^T.
+inline void blas(const char* ta, const char* tb, const int* m, const int* n, const int* k, const float* alpha,
+                 const float* a, const int* lda, const float* b, const int* ldb, const float* beta, float* c,
+                 const int* ldc) {
+  sgemm_(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+}
+inline void blas(const char* ta, const char* tb, const int* m, const int* n, const int* k, const double* alpha,
+                 const double* a, const int* lda, const double* b, const int* ldb, const double* beta, double* c,
+                 const int* ldc) {
+  dgemm_(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+}
+
+inline int blas_int(Index x) {
+  if (x > std::numeric_limits<int>::max()) throw std::length_error("a size or stride is beyond BLAS's int");
+  return static_cast<int>(x);
+}
+
+template <typename Scalar>
+void gemm(bool trans_a, bool trans_b, Index m, Index n, Index k, Scalar alpha, const Scalar* a, Index lda,
+          const Scalar* b, Index ldb, Scalar beta, Scalar* c, Index ldc) {
+  const int mm = blas_int(m), nn = blas_int(n), kk = blas_int(k);
+  const int la = blas_int(lda), lb = blas_int(ldb), lc = blas_int(ldc);
+  blas(trans_b ? "T" : "N", trans_a ? "T" : "N", &nn, &mm, &kk, &alpha, b, &lb, a, &la, &beta, c, &lc);
+}
+
+// The keys a query tile [i0, i1) reaches: [lo, hi) within [0, Tk).
+struct KeyRange {
+  Index lo, hi;
+  KeyRange(const Shape& s, Index i0, Index i1)
+      : lo(s.halo < 0 ? 0 : std::max<Index>(0, i0 - s.halo)),
+        hi(s.halo < 0 ? s.k_len : std::min(s.k_len, i1 + s.halo)) {}
+};
+
+// One (query tile, key tile) pair: weights[r * cols + c] = M ⊙ ReLU(weights) for query i0 + r and
+// key j0 + c, the scores computed in place before.
+template <typename Scalar>
+void rectify(Scalar* __restrict weights, Index i0, Index rows, Index j0, Index cols, const std::uint8_t* valid,
+             Index halo) {
+  const bool banded = halo >= 0 && std::max(i0 + rows - 1 - j0, j0 + cols - 1 - i0) > halo;
+  bool padded = false;
+  for (Index c = 0; c < cols; ++c) padded |= !valid[j0 + c];
+  if (!banded && !padded) {
+    for (Index at = 0; at < rows * cols; ++at) weights[at] = std::max(weights[at], Scalar(0));
+    return;
+  }
+  for (Index r = 0; r < rows; ++r) {
+    const Index i = i0 + r;
+    Scalar* __restrict row = weights + r * cols;
+    for (Index c = 0; c < cols; ++c) {
+      const Index j = j0 + c;
+      const bool keep = valid[j] && (halo < 0 || (i - j <= halo && j - i <= halo));
+      row[c] = keep ? std::max(row[c], Scalar(0)) : Scalar(0);
+    }
+  }
+}
+
+// Whether some key of [j0, j0 + cols) is valid (a tile of padded keys is skipped).
+inline bool any_valid(const std::uint8_t* valid, Index j0, Index cols) {
+  return std::any_of(valid + j0, valid + j0 + cols, [](std::uint8_t x) { return x != 0; });
+}
+
+// What one thread keeps between tiles: the score tile and (backward) its gradient.
+template <typename Scalar>
+struct Workspace {
+  std::vector<Scalar> scores, grad;
+  void reset(bool backward) {
+    scores.resize(kQueryTile * kKeyTile);
+    if (backward) grad.resize(kQueryTile * kKeyTile);
+  }
+};
+
+template <typename Scalar>
+void forward_tile(const Shape& s, Index g, Index tile, Scalar scaling, const Scalar* q, const Scalar* k,
+                  const Scalar* v, const std::uint8_t* valid, Scalar* out, const Index* strides) {
+  const Index D = s.dim, i0 = tile * kQueryTile, rows = std::min(kQueryTile, s.q_len - i0);
+  const Rows<const Scalar> qg = group_rows(q, strides, s, g), kg = group_rows(k, strides + 3, s, g);
+  const Rows<const Scalar> vg = group_rows(v, strides + 6, s, g);
+  const Rows<Scalar> og = group_rows(out, strides + 9, s, g);
+  const std::uint8_t* valid_row = valid + (g / s.heads) * s.k_len;
+  thread_local Workspace<Scalar> ws;
+  ws.reset(false);
+  Scalar* scores = ws.scores.data();
+  const KeyRange keys(s, i0, i0 + rows);
+  bool written = false;
+  for (Index j0 = keys.lo; j0 < keys.hi; j0 += kKeyTile) {
+    const Index cols = std::min(kKeyTile, keys.hi - j0);
+    if (!any_valid(valid_row, j0, cols)) continue;
+    gemm<Scalar>(false, true, rows, cols, D, scaling, qg.row(i0), qg.stride, kg.row(j0), kg.stride, 0, scores, cols);
+    rectify(scores, i0, rows, j0, cols, valid_row, s.halo);
+    gemm<Scalar>(false, false, rows, D, cols, 1, scores, cols, vg.row(j0), vg.stride, written ? 1 : 0,
+                 og.row(i0), og.stride);
+    written = true;
+  }
+  if (!written)
+    for (Index r = 0; r < rows; ++r) std::fill(og.row(i0 + r), og.row(i0 + r) + D, Scalar(0));
+}
+
+template <typename Scalar>
+void backward_group(const Shape& s, Index g, Scalar scaling, const Scalar* grad_out, const Scalar* q,
+                    const Scalar* k, const Scalar* v, const std::uint8_t* valid, Scalar* dq, Scalar* dk, Scalar* dv,
+                    const Index* strides) {
+  const Index D = s.dim;
+  const Rows<const Scalar> gog = group_rows(grad_out, strides, s, g), qg = group_rows(q, strides + 3, s, g);
+  const Rows<const Scalar> kg = group_rows(k, strides + 6, s, g), vg = group_rows(v, strides + 9, s, g);
+  const Rows<Scalar> dqg = group_rows(dq, strides + 12, s, g), dkg = group_rows(dk, strides + 15, s, g);
+  const Rows<Scalar> dvg = group_rows(dv, strides + 18, s, g);
+  const std::uint8_t* valid_row = valid + (g / s.heads) * s.k_len;
+  for (Index j = 0; j < s.k_len; ++j) {
+    std::fill(dkg.row(j), dkg.row(j) + D, Scalar(0));
+    std::fill(dvg.row(j), dvg.row(j) + D, Scalar(0));
+  }
+  thread_local Workspace<Scalar> ws;
+  ws.reset(true);
+  Scalar *weights = ws.scores.data(), *grad = ws.grad.data();
+  for (Index i0 = 0; i0 < s.q_len; i0 += kQueryTile) {
+    const Index rows = std::min(kQueryTile, s.q_len - i0);
+    const KeyRange keys(s, i0, i0 + rows);
+    bool written = false;
+    for (Index j0 = keys.lo; j0 < keys.hi; j0 += kKeyTile) {
+      const Index cols = std::min(kKeyTile, keys.hi - j0);
+      if (!any_valid(valid_row, j0, cols)) continue;
+      gemm<Scalar>(false, true, rows, cols, D, scaling, qg.row(i0), qg.stride, kg.row(j0), kg.stride, 0, weights,
+                   cols);
+      rectify(weights, i0, rows, j0, cols, valid_row, s.halo);
+      gemm<Scalar>(true, false, cols, D, rows, 1, weights, cols, gog.row(i0), gog.stride, 1, dvg.row(j0), dvg.stride);
+      gemm<Scalar>(false, true, rows, cols, D, 1, gog.row(i0), gog.stride, vg.row(j0), vg.stride, 0, grad, cols);
+      for (Index at = 0; at < rows * cols; ++at) grad[at] = weights[at] > Scalar(0) ? grad[at] : Scalar(0);
+      gemm<Scalar>(false, false, rows, D, cols, scaling, grad, cols, kg.row(j0), kg.stride, written ? 1 : 0,
+                   dqg.row(i0), dqg.stride);
+      gemm<Scalar>(true, false, cols, D, rows, scaling, grad, cols, qg.row(i0), qg.stride, 1, dkg.row(j0), dkg.stride);
+      written = true;
+    }
+    if (!written)
+      for (Index r = 0; r < rows; ++r) std::fill(dqg.row(i0 + r), dqg.row(i0 + r) + D, Scalar(0));
+  }
+}
+
+// body(task) for task in [0, count) over torch's intra-op threads, each task a group's or a tile's
+// worth of work; 0, or 1 after an exception.
+template <typename Body>
+int parallel_tasks(Index count, Body body) {
+  try {
+    at::parallel_for(0, count, 1, [&](Index begin, Index end) {
+      for (Index task = begin; task < end; ++task) body(task);
+    });
+  } catch (...) {
+    return 1;
+  }
+  return 0;
+}
+
+template <typename Scalar>
+int forward(const Shape& s, double scaling, const Scalar* q, const Scalar* k, const Scalar* v,
+            const std::uint8_t* valid, Scalar* out, const Index* strides) {
+  const Index tiles = s.query_tiles();
+  return parallel_tasks(s.groups() * tiles, [&](Index task) {
+    forward_tile<Scalar>(s, task / tiles, task % tiles, static_cast<Scalar>(scaling), q, k, v, valid, out, strides);
+  });
+}
+
+template <typename Scalar>
+int backward(const Shape& s, double scaling, const Scalar* grad_out, const Scalar* q, const Scalar* k,
+             const Scalar* v, const std::uint8_t* valid, Scalar* dq, Scalar* dk, Scalar* dv, const Index* strides) {
+  return parallel_tasks(s.groups(), [&](Index g) {
+    backward_group<Scalar>(s, g, static_cast<Scalar>(scaling), grad_out, q, k, v, valid, dq, dk, dv, strides);
+  });
+}
+
+}  // namespace
+
+// The sizes (B, H, Tq, Tk, D), the halo h = w - 1 of the window (-1: none) and the scaling, then the
+// tensors and their (batch, head, token) element strides: of q, k, v, out (forward); of grad_out, q,
+// k, v, dq, dk, dv (backward).
+#define RELA_ENTRY_POINTS(SUFFIX, Scalar)                                                                    \
+  extern "C" int rela_forward_##SUFFIX(Index batch, Index heads, Index q_len, Index k_len, Index dim,        \
+                                       Index halo, double scaling, const Scalar* q, const Scalar* k,         \
+                                       const Scalar* v, const std::uint8_t* valid, Scalar* out,              \
+                                       const Index* strides) {                                               \
+    return forward<Scalar>({batch, heads, q_len, k_len, dim, halo}, scaling, q, k, v, valid, out, strides);  \
+  }                                                                                                          \
+  extern "C" int rela_backward_##SUFFIX(Index batch, Index heads, Index q_len, Index k_len, Index dim,       \
+                                        Index halo, double scaling, const Scalar* grad_out, const Scalar* q, \
+                                        const Scalar* k, const Scalar* v, const std::uint8_t* valid,         \
+                                        Scalar* dq, Scalar* dk, Scalar* dv, const Index* strides) {          \
+    return backward<Scalar>({batch, heads, q_len, k_len, dim, halo}, scaling, grad_out, q, k, v, valid, dq,  \
+                            dk, dv, strides);                                                                \
+  }
+
+RELA_ENTRY_POINTS(f32, float)
+RELA_ENTRY_POINTS(f64, double)

@@ -1,0 +1,136 @@
+"""Rectified linear attention on CPU: the C++ kernel ``csrc/rela_cpu.cpp`` as torch custom ops.
+
+Per (batch, head), with S = scaling · Q K^T, the mask M (valid key and, with a window w,
+|i - j| <= w - 1) and A = ReLU(S) ⊙ M, the forward gives O = A V and the backward, for the
+gradient dO of O, recomputes A tile by tile:
+
+    dV = A^T dO,   dS = (dO V^T) ⊙ 1[A > 0],   dQ = scaling · dS K,   dK = scaling · dS^T Q.
+
+The kernel goes over (query tile, key tile) pairs of 256 x 256 scores that stay in the core's
+cache, each product one BLAS call (torch's own MKL ``sgemm_``/``dgemm_``), skipping the tiles the
+window or the padding masks entirely; nothing pair-sized outlives a tile (see the source's header).
+
+The ops are ``torch.library`` custom ops (``hf_sliced_attn::rela_cpu`` and its backward) with fake
+implementations, so ``torch.compile(fullgraph=True)`` keeps them whole. :func:`.rela.rela` picks
+this path for CPU tensors when the kernel builds (:func:`available`); its torch implementation
+computes the same function on any device.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+
+import torch
+from torch import Tensor
+
+from . import _native
+from ._common import compute_dtype
+
+__all__ = ["available", "rela_cpu"]
+
+# step -> number of tensor arguments (the strides array excluded).
+_STEPS = {"forward": 5, "backward": 8}
+
+
+@torch.compiler.assume_constant_result
+def available() -> bool:
+    """Whether the kernel is built and loaded (built on the first call; see :mod:`._native`)."""
+    return _kernels() is not None
+
+
+@functools.cache
+def _kernels() -> dict[str, ctypes._CFuncPtr] | None:
+    """The entry points with their argument types, keyed by ``<step>_<dtype>``; None without the library."""
+    library = _native.load("rela_cpu")
+    if library is None:
+        return None
+    kernels = {}
+    for step, tensors in _STEPS.items():
+        # (B, H, Tq, Tk, D), the halo, the scaling, the tensors' data pointers, then their strides.
+        argtypes = [ctypes.c_int64] * 6 + [ctypes.c_double] + [ctypes.c_void_p] * (tensors + 1)
+        for suffix in ("f32", "f64"):
+            function = getattr(library, f"rela_{step}_{suffix}")
+            function.argtypes, function.restype = argtypes, ctypes.c_int
+            kernels[f"{step}_{suffix}"] = function
+    return kernels
+
+
+def _rows(x: Tensor) -> Tensor:
+    """x itself when its tokens are rows BLAS can read in place (a contiguous last dim, token stride
+    >= D), else a contiguous copy."""
+    return x if x.stride(-1) == 1 and x.stride(-2) >= x.shape[-1] else x.contiguous()
+
+
+def _call(step: str, halo: int, scaling: float, tensors: tuple[Tensor, ...], rows: tuple[Tensor, ...],
+          k_len: int) -> None:
+    """Run ``step`` for the dtype of the (B, H, T, D) ``rows`` (passed with their (batch, head, token) strides)."""
+    batch, heads, q_len, dim = rows[0].shape
+    suffix = {torch.float32: "f32", torch.float64: "f64"}[rows[0].dtype]
+    strides = [stride for x in rows for stride in x.stride()[:3]]
+    pointers = [ctypes.c_void_p(x.data_ptr()) for x in tensors]
+    status = _kernels()[f"{step}_{suffix}"](
+        batch, heads, q_len, k_len, dim, halo, scaling, *pointers, (ctypes.c_int64 * len(strides))(*strides)
+    )
+    if status:
+        raise RuntimeError(f"the ReLA CPU kernel failed in its {step} (out of memory, or a stride beyond int32?)")
+
+
+@torch.library.custom_op("hf_sliced_attn::rela_cpu", mutates_args=(), device_types="cpu")
+def _forward(q: Tensor, k: Tensor, v: Tensor, valid: Tensor, halo: int, scaling: float) -> Tensor:
+    """q (B, H, Tq, D), k, v (B, H, Tk, D) float32/64 laid out for :func:`_rows`, valid (B, Tk) bool
+    contiguous, halo = w - 1 (-1 without a window) -> out (B, H, Tq, D) contiguous, in q's dtype."""
+    out = q.new_empty(q.shape)
+    if out.numel():
+        _call("forward", halo, scaling, (q, k, v, valid, out), (q, k, v, out), k.shape[2])
+    return out
+
+
+@_forward.register_fake
+def _(q: Tensor, k: Tensor, v: Tensor, valid: Tensor, halo: int, scaling: float) -> Tensor:
+    return q.new_empty(q.shape)
+
+
+@torch.library.custom_op("hf_sliced_attn::rela_cpu_backward", mutates_args=(), device_types="cpu")
+def _backward(
+    grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, valid: Tensor, halo: int, scaling: float,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """grad_out (B, H, Tq, D) in q's dtype laid out for :func:`_rows`, and the forward's inputs ->
+    dL/dq, dL/dk, dL/dv, contiguous."""
+    dq, dk, dv = q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+    if dq.numel() or dk.numel():
+        tensors = (grad_out, q, k, v, valid, dq, dk, dv)
+        _call("backward", halo, scaling, tensors, (grad_out, q, k, v, dq, dk, dv), k.shape[2])
+    return dq, dk, dv
+
+
+@_backward.register_fake
+def _(grad_out, q, k, v, valid, halo, scaling) -> tuple[Tensor, Tensor, Tensor]:
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+
+
+def _setup_context(ctx, inputs: tuple, output: Tensor) -> None:
+    q, k, v, valid, ctx.halo, ctx.scaling = inputs
+    ctx.save_for_backward(q, k, v, valid)
+
+
+def _backward_rule(ctx, grad_out: Tensor) -> tuple[Tensor, Tensor, Tensor, None, None, None]:
+    q, k, v, valid = ctx.saved_tensors
+    dq, dk, dv = _backward(_rows(grad_out.to(q.dtype)), q, k, v, valid, ctx.halo, ctx.scaling)
+    return dq, dk, dv, None, None, None
+
+
+_forward.register_autograd(_backward_rule, setup_context=_setup_context)
+
+
+def rela_cpu(
+    query: Tensor, key: Tensor, value: Tensor, valid: Tensor, *, sliding_window: int | None, scaling: float
+) -> Tensor:
+    """ReLA on CPU tensors with the C++ kernel (needs :func:`available`): query (B, H, Tq, D), key and
+    value (B, H, Tk, D), valid (B, Tk) bool (True = real key) -> (B, H, Tq, D) in query's dtype
+    (float16/bfloat16 computed in float32)."""
+    dtype = compute_dtype(query.dtype)
+    q, k, v = (_rows(x.to(dtype)) for x in (query, key, value))
+    # A window wider than both sequences reaches every key: no halo needed.
+    halo = -1 if sliding_window is None else min(sliding_window - 1, max(q.shape[2], k.shape[2]))
+    return _forward(q, k, v, valid.to(torch.bool).contiguous(), halo, float(scaling)).to(query.dtype)
