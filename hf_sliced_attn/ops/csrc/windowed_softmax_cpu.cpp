@@ -15,13 +15,16 @@
 //     dq_i = c sum_j dS_ij k_j,   dk_j = c sum_i dS_ij q_i,   dv_j = sum_i P_ij dO_i,
 //
 // P recomputed from q, k and the saved lse: nothing pair-sized is stored, and the only buffers
-// are a thread's key tiles (D x (kBlock + 2 h)) and one query's scores (2 h + 1).
+// are a thread's key tiles (D x (kBlock + 2 h)) and kRows queries' scores over their span.
 //
 // The queries go in blocks of kBlock; the keys any of them sees, [i0 - h, i1 + h) within [0, T),
 // are copied transposed into a tile (d-major), so that a query's scores are D axpys along its
 // window's keys (vectorised over the keys, no horizontal sums); the weighted sums of rows are
-// axpys along D. float and double are computed in their own precision; the row statistics (max,
-// sum, lse) in double.
+// axpys along D. Within a block, kRows consecutive queries go together over the span of their
+// windows (2 h + kRows keys; each query's own window masked inside it): every key, value, dk and dv
+// row loaded serves kRows queries, which is what bounds these loops. The exponentials of a float
+// span are a branch-free polynomial that vectorises (exp_nonpositive), not a libm call per key. float
+// and double are computed in their own precision; the row statistics (max, sum, lse) in double.
 //
 // Layouts (sorted_sweep.h's Shape, with slices = 1 and q_len = k_len = T): q, k, v, out and the
 // gradients (B, H, T, D) with any (batch, head, token) strides and a contiguous last dim; valid
@@ -42,8 +45,37 @@ using namespace sorted_sweep;
 
 // Queries per block: the key tile holds kBlock + 2 h keys, copied once per block.
 constexpr Index kBlock = 128;
-// Keys (of a query's scores) or dims (of a weighted sum of rows) summed in registers at a time.
-constexpr Index kChunk = 32;
+// Queries computed together: every key (or value) row loaded serves kRows queries at once.
+constexpr Index kRows = 4;
+// The padding of a tile's rows and of a query's scores: one register chunk (two vectors) of floats.
+constexpr Index kChunk = 16;
+
+// Two 256-bit vectors of Scalar (GCC/Clang vector extensions, AVX where -march has it): a register chunk
+// of keys (of the scores) or dims (of a weighted sum of rows), kWidth = 16 floats or 8 doubles.
+// (The vector types are spelled per scalar type: GCC drops vector_size from an alias of a dependent type.)
+template <typename Scalar>
+struct VectorOf;
+template <>
+struct VectorOf<float> {
+  typedef float type __attribute__((vector_size(32)));
+};
+template <>
+struct VectorOf<double> {
+  typedef double type __attribute__((vector_size(32)));
+};
+
+template <typename Scalar>
+struct Chunk {
+  using Vec = typename VectorOf<Scalar>::type;
+  static_assert(sizeof(Vec) == 32, "a chunk is two 256-bit vectors");
+  static constexpr Index kLanes = 32 / sizeof(Scalar), kWidth = 2 * kLanes;
+  static Vec load(const Scalar* p) {
+    Vec v;
+    std::memcpy(&v, p, sizeof v);
+    return v;
+  }
+  static void store(Scalar* p, Vec v) { std::memcpy(p, &v, sizeof v); }
+};
 
 // The keys [begin, end) of one block's tile, transposed: tile[d * stride + (j - begin)], each dim's
 // row zero-padded by kChunk so that scores can be summed a whole chunk past a window's end.
@@ -64,74 +96,212 @@ struct Tile {
         for (Index j = 0; j < run; ++j) data[d * stride + j0 + j] = rows[from + j0 + j][d];
     }
   }
-  // scores[j - lo] = sum_d x[d] tile[d][j] for the keys lo <= j < hi of the tile, kChunk keys at a
-  // time summed in registers; scores holds hi - lo rounded up to kChunk (the rest is not used).
-  void dot(const Scalar* __restrict x, Index lo, Index hi, Index dim, Scalar* __restrict scores) const {
+  // scores[r * ld + (j - lo)] = sum_d x[r][d] tile[d][j] for R queries' rows x and the keys lo <= j < hi
+  // of the tile, a register chunk of keys at a time (2 R vectors of sums; each tile load serves R
+  // queries); ld >= hi - lo rounded up to kChunk.
+  template <Index R>
+  void dot(const Scalar* const* x, Index lo, Index hi, Index dim, Scalar* __restrict scores, Index ld) const {
+    using C = Chunk<Scalar>;
     const Index n = hi - lo;
     const Scalar* __restrict first = data.data() + (lo - begin);
-    for (Index j0 = 0; j0 < n; j0 += kChunk) {
-      Scalar sum[kChunk] = {};
+    for (Index j0 = 0; j0 < n; j0 += C::kWidth) {
+      typename C::Vec sum[R][2] = {};
       for (Index d = 0; d < dim; ++d) {
-        const Scalar xd = x[d];
-        const Scalar* __restrict column = first + d * stride + j0;
-        for (Index j = 0; j < kChunk; ++j) sum[j] += xd * column[j];
+        const Scalar* column = first + d * stride + j0;
+        const typename C::Vec low = C::load(column), high = C::load(column + C::kLanes);
+        for (Index r = 0; r < R; ++r) {
+          const Scalar xd = x[r][d];
+          sum[r][0] += xd * low;
+          sum[r][1] += xd * high;
+        }
       }
-      std::copy(sum, sum + kChunk, scores + j0);
+      for (Index r = 0; r < R; ++r) {
+        C::store(scores + r * ld + j0, sum[r][0]);
+        C::store(scores + r * ld + j0 + C::kLanes, sum[r][1]);
+      }
     }
   }
 };
 
-// One query's window: the keys [lo, hi), clipped to the sequence.
-struct Window {
-  Index lo, hi;
-  Window(Index i, Index halo, Index length) : lo(std::max<Index>(0, i - halo)), hi(std::min(length, i + halo + 1)) {}
+// exp(x) for x <= 0, branch-free so that loops over it vectorise: x = n ln 2 + r with |r| <= ln 2 / 2,
+// exp(r) by Cephes' degree-6 polynomial (within 2 ulp), 2^n written into the exponent bits. Arguments
+// below -87, where float leaves its normal range, are clamped there (giving < 2e-38, against a window
+// maximum of exp(0) = 1). double keeps std::exp.
+inline float exp_nonpositive(float x) {
+  x = std::max(x, -87.0f);
+  const float n = std::floor(x * 1.44269504088896341f + 0.5f);
+  const float r = (x - n * 0.693359375f) + n * 2.12194440e-4f;
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  const float y = p * r * r + r + 1.0f;
+  const std::int32_t bits = (static_cast<std::int32_t>(n) + 127) << 23;
+  float scale;
+  std::memcpy(&scale, &bits, sizeof scale);
+  return y * scale;
+}
+inline double exp_nonpositive(double x) { return std::exp(x); }
+
+// R consecutive queries i0 .. i0 + R - 1 and their windows: query r sees the keys [lo[r], hi[r]), clipped
+// to the sequence; together they see [lo[0], hi[R - 1]) (the span), n keys.
+template <Index R>
+struct Queries {
+  Index lo[R], hi[R], first, n;
+  Queries(Index i0, Index halo, Index length) {
+    for (Index r = 0; r < R; ++r)
+      lo[r] = std::max<Index>(0, i0 + r - halo), hi[r] = std::min(length, i0 + r + halo + 1);
+    first = lo[0], n = hi[R - 1] - lo[0];
+  }
+  // Whether query r may attend key span index a (key first + a): in its window and valid.
+  bool sees(Index r, Index a, const std::uint8_t* valid_row) const {
+    const Index j = first + a;
+    return j >= lo[r] && j < hi[r] && valid_row[j];
+  }
+  // weights[a] = exp(weights[a] - shift) where query r sees key first + a, else 0 (the float case vectorised;
+  // shift is at least every seen weight).
+  template <typename Scalar>
+  void exp_seen(Index r, Scalar* __restrict weights, Scalar shift, const std::uint8_t* valid_row) const {
+    const Index begin = lo[r] - first, end = hi[r] - first;
+    const std::uint8_t* __restrict valid = valid_row + first;
+    for (Index a = 0; a < n; ++a) {
+      const Scalar e = exp_nonpositive(std::min(weights[a] - shift, Scalar(0)));
+      weights[a] = (a >= begin && a < end && valid[a]) ? e : Scalar(0);
+    }
+  }
 };
 
-// What one thread keeps between groups: the scaled query, the key (and value) tiles, the scores.
+// What one thread keeps between groups: the key (and value) tiles, R queries' scaled rows, their
+// scores (or weights) and second scores over the span, and R weighted sums.
 template <typename Scalar>
 struct Workspace {
   std::vector<Scalar> query, scores, extra, sum;
+  Index ld = 0;  // the span's length rounded up to kChunk: a query's row in scores and extra
   Tile<Scalar> keys, values;
 
   void reset(Index dim, Index halo) {
-    query.resize(dim);
-    sum.resize(dim);
-    scores.resize(2 * halo + 1 + kChunk);
-    extra.resize(2 * halo + 1 + kChunk);
+    ld = (2 * halo + kRows + kChunk - 1) / kChunk * kChunk + kChunk;
+    query.resize(kRows * dim);
+    sum.resize(kRows * dim);
+    scores.resize(kRows * ld);
+    extra.resize(kRows * ld);
   }
 };
 
-// The scores c q_i . k_j of query i over its window into ws.scores (from the block's key tile).
-template <typename Scalar>
-void window_scores(Workspace<Scalar>& ws, const Scalar* q_row, double scaling, Window window, Index dim) {
-  for (Index d = 0; d < dim; ++d) ws.query[d] = static_cast<Scalar>(scaling * q_row[d]);
-  ws.keys.dot(ws.query.data(), window.lo, window.hi, dim, ws.scores.data());
+// out[r] = sum_a weights[r * ld + a] rows[first + a] over the span's n keys, for R queries: a register
+// chunk of dims at a time, each row loaded once for the R queries.
+template <typename Scalar, Index R>
+void weighted_rows(Rows<const Scalar> rows, const Scalar* weights, Index ld, Index first, Index n, Index dim,
+                   Scalar* const* out) {
+  using C = Chunk<Scalar>;
+  Index d0 = 0;
+  for (; d0 + C::kWidth <= dim; d0 += C::kWidth) {
+    typename C::Vec sum[R][2] = {};
+    for (Index a = 0; a < n; ++a) {
+      const Scalar* row = rows[first + a] + d0;
+      const typename C::Vec low = C::load(row), high = C::load(row + C::kLanes);
+      for (Index r = 0; r < R; ++r) {
+        const Scalar weight = weights[r * ld + a];
+        sum[r][0] += weight * low;
+        sum[r][1] += weight * high;
+      }
+    }
+    for (Index r = 0; r < R; ++r) {
+      C::store(out[r] + d0, sum[r][0]);
+      C::store(out[r] + d0 + C::kLanes, sum[r][1]);
+    }
+  }
+  for (Index r = 0; r < R; ++r) std::fill(out[r] + d0, out[r] + dim, Scalar(0));
+  for (Index a = 0; a < n; ++a)
+    for (Index r = 0; r < R; ++r) {
+      const Scalar weight = weights[r * ld + a];
+      const Scalar* __restrict row = rows[first + a];
+      for (Index d = d0; d < dim; ++d) out[r][d] += weight * row[d];
+    }
 }
 
-// sum_j weights[j - lo] rows[j] over the window, into out (D), kChunk dims at a time summed in registers.
-template <typename Scalar>
-void weighted_rows(Rows<const Scalar> rows, const Scalar* weights, Window window, Index dim, Scalar* __restrict out) {
+// target[first + a] += scale sum_r coefficients[r * ld + a] sources[r] over the span's n rows: the transpose of
+// weighted_rows. A register chunk of dims at a time holds the R sources' chunks, so that each target row is
+// read and written once per chunk for the R queries; rows whose R coefficients are all 0 are skipped.
+template <typename Scalar, Index R>
+void accumulate_rows(Rows<Scalar> target, const Scalar* coefficients, Index ld, Scalar scale, Index first, Index n,
+                     const Scalar* const* sources, Index dim) {
+  using C = Chunk<Scalar>;
   Index d0 = 0;
-  for (; d0 + kChunk <= dim; d0 += kChunk) {
-    Scalar sum[kChunk] = {};
-    for (Index j = window.lo; j < window.hi; ++j) {
-      const Scalar weight = weights[j - window.lo];
-      const Scalar* __restrict row = rows[j] + d0;
-      for (Index d = 0; d < kChunk; ++d) sum[d] += weight * row[d];
+  for (; d0 + C::kWidth <= dim; d0 += C::kWidth) {
+    typename C::Vec low[R], high[R];
+    for (Index r = 0; r < R; ++r) low[r] = C::load(sources[r] + d0), high[r] = C::load(sources[r] + d0 + C::kLanes);
+    for (Index a = 0; a < n; ++a) {
+      Scalar* row = target[first + a] + d0;
+      typename C::Vec sum_low = C::load(row), sum_high = C::load(row + C::kLanes);
+      bool any = false;
+      for (Index r = 0; r < R; ++r) {
+        const Scalar coefficient = scale * coefficients[r * ld + a];
+        any = any || coefficient != Scalar(0);
+        sum_low += coefficient * low[r];
+        sum_high += coefficient * high[r];
+      }
+      if (!any) continue;
+      C::store(row, sum_low);
+      C::store(row + C::kLanes, sum_high);
     }
-    std::copy(sum, sum + kChunk, out + d0);
   }
-  std::fill(out + d0, out + dim, Scalar(0));
-  for (Index j = window.lo; j < window.hi; ++j) {
-    const Scalar weight = weights[j - window.lo];
-    const Scalar* __restrict row = rows[j];
-    for (Index d = d0; d < dim; ++d) out[d] += weight * row[d];
+  for (Index a = 0; a < n; ++a) {
+    Scalar* row = target[first + a];
+    for (Index r = 0; r < R; ++r) {
+      const Scalar coefficient = scale * coefficients[r * ld + a];
+      for (Index d = d0; d < dim; ++d) row[d] += coefficient * sources[r][d];
+    }
   }
+}
+
+// The scores c q . k of R queries over their span into ws.scores (from the block's key tile).
+template <typename Scalar, Index R>
+void span_scores(Workspace<Scalar>& ws, Rows<const Scalar> q, Index i0, double scaling, const Queries<R>& qs,
+                 Index dim) {
+  const Scalar* rows[R];
+  for (Index r = 0; r < R; ++r) {
+    Scalar* scaled = ws.query.data() + r * dim;
+    for (Index d = 0; d < dim; ++d) scaled[d] = static_cast<Scalar>(scaling * q[i0 + r][d]);
+    rows[r] = scaled;
+  }
+  ws.keys.template dot<R>(rows, qs.first, qs.first + qs.n, dim, ws.scores.data(), ws.ld);
 }
 
 // The block [i0, i1) of queries and the tile of keys they see.
 inline Index tile_begin(Index i0, Index halo) { return std::max<Index>(0, i0 - halo); }
 inline Index tile_end(Index i1, Index halo, Index length) { return std::min(length, i1 + halo); }
+
+// Softmax of R queries over their windows: out and lse of queries i0 .. i0 + R - 1.
+template <typename Scalar, Index R>
+void forward_rows(Workspace<Scalar>& ws, Index i0, Index halo, double scaling, Rows<const Scalar> qg,
+                  Rows<const Scalar> vg, const std::uint8_t* valid_row, Rows<Scalar> og, Scalar* lse_g, Index T,
+                  Index D) {
+  const Queries<R> qs(i0, halo, T);
+  span_scores<Scalar, R>(ws, qg, i0, scaling, qs, D);
+  Scalar* out[R];
+  for (Index r = 0; r < R; ++r) {
+    Scalar* p = ws.scores.data() + r * ws.ld;
+    out[r] = og[i0 + r];
+    double top = -std::numeric_limits<double>::infinity();
+    for (Index a = 0; a < qs.n; ++a)
+      if (qs.sees(r, a, valid_row)) top = std::max(top, static_cast<double>(p[a]));
+    if (top == -std::numeric_limits<double>::infinity()) {  // no valid key: weights 0, out 0
+      std::fill(p, p + qs.n, Scalar(0));
+      lse_g[i0 + r] = -std::numeric_limits<Scalar>::infinity();
+      continue;
+    }
+    qs.exp_seen(r, p, static_cast<Scalar>(top), valid_row);
+    double total = 0.0;
+    for (Index a = 0; a < qs.n; ++a) total += p[a];
+    const Scalar inverse = static_cast<Scalar>(1.0 / total);
+    for (Index a = 0; a < qs.n; ++a) p[a] *= inverse;
+    lse_g[i0 + r] = static_cast<Scalar>(top + std::log(total));
+  }
+  weighted_rows<Scalar, R>(vg, ws.scores.data(), ws.ld, qs.first, qs.n, D, out);
+}
 
 template <typename Scalar>
 void forward_group(const Shape& shape, Index g, Index halo, double scaling, const Scalar* q, const Scalar* k,
@@ -148,30 +318,53 @@ void forward_group(const Shape& shape, Index g, Index halo, double scaling, cons
   for (Index i0 = 0; i0 < T; i0 += kBlock) {
     const Index i1 = std::min(T, i0 + kBlock);
     ws.keys.load(kg, tile_begin(i0, halo), tile_end(i1, halo, T), D);
-    for (Index i = i0; i < i1; ++i) {
-      const Window window(i, halo, T);
-      window_scores(ws, qg[i], scaling, window, D);
-      Scalar* scores = ws.scores.data();
-      double top = -std::numeric_limits<double>::infinity();
-      for (Index j = window.lo; j < window.hi; ++j)
-        if (valid_row[j]) top = std::max(top, static_cast<double>(scores[j - window.lo]));
-      if (top == -std::numeric_limits<double>::infinity()) {
-        std::fill(og[i], og[i] + D, Scalar(0));
-        lse_g[i] = -std::numeric_limits<Scalar>::infinity();
-        continue;
-      }
-      double total = 0.0;
-      for (Index j = window.lo; j < window.hi; ++j) {
-        Scalar& p = scores[j - window.lo];
-        p = valid_row[j] ? std::exp(p - static_cast<Scalar>(top)) : Scalar(0);
-        total += p;
-      }
-      const Scalar inverse = static_cast<Scalar>(1.0 / total);
-      for (Index j = window.lo; j < window.hi; ++j) scores[j - window.lo] *= inverse;
-      weighted_rows(vg, scores, window, D, og[i]);
-      lse_g[i] = static_cast<Scalar>(top + std::log(total));
-    }
+    Index i = i0;
+    for (; i + kRows <= i1; i += kRows)
+      forward_rows<Scalar, kRows>(ws, i, halo, scaling, qg, vg, valid_row, og, lse_g, T, D);
+    for (; i < i1; ++i) forward_rows<Scalar, 1>(ws, i, halo, scaling, qg, vg, valid_row, og, lse_g, T, D);
   }
+}
+
+// The gradients from R queries i0 .. i0 + R - 1: their dq rows, and their share of dk and dv over the span.
+template <typename Scalar, Index R>
+void backward_rows(Workspace<Scalar>& ws, Index i0, Index halo, double scaling, Rows<const Scalar> gog,
+                   const Scalar* grad_lse_g, Rows<const Scalar> qg, Rows<const Scalar> kg, Rows<const Scalar> og,
+                   const std::uint8_t* valid_row, const Scalar* lse_g, Rows<Scalar> dqg, Rows<Scalar> dkg,
+                   Rows<Scalar> dvg, Index T, Index D) {
+  const Queries<R> qs(i0, halo, T);
+  const Scalar c = static_cast<Scalar>(scaling);
+  span_scores<Scalar, R>(ws, qg, i0, scaling, qs, D);
+  const Scalar* go[R];
+  for (Index r = 0; r < R; ++r) go[r] = gog[i0 + r];
+  ws.values.template dot<R>(go, qs.first, qs.first + qs.n, D, ws.extra.data(), ws.ld);  // dO_i . v_j
+  for (Index r = 0; r < R; ++r) {
+    Scalar* p = ws.scores.data() + r * ws.ld;
+    Scalar* ds = ws.extra.data() + r * ws.ld;
+    const double log_normaliser = static_cast<double>(lse_g[i0 + r]);
+    if (log_normaliser == -std::numeric_limits<double>::infinity()) {  // no valid key: no gradient
+      std::fill(p, p + qs.n, Scalar(0));
+      std::fill(ds, ds + qs.n, Scalar(0));
+      continue;
+    }
+    const Scalar* __restrict o = og[i0 + r];
+    double delta = 0.0;
+    for (Index d = 0; d < D; ++d) delta += static_cast<double>(go[r][d]) * o[d];
+    const Scalar shift = static_cast<Scalar>(grad_lse_g[i0 + r] - delta);
+    qs.exp_seen(r, p, static_cast<Scalar>(log_normaliser), valid_row);
+    for (Index a = 0; a < qs.n; ++a) ds[a] = p[a] * (ds[a] + shift);
+  }
+  Scalar* sums[R];
+  for (Index r = 0; r < R; ++r) sums[r] = ws.sum.data() + r * D;
+  weighted_rows<Scalar, R>(kg, ws.extra.data(), ws.ld, qs.first, qs.n, D, sums);
+  const Scalar* q_rows[R];
+  for (Index r = 0; r < R; ++r) {
+    Scalar* __restrict dq_row = dqg[i0 + r];
+    for (Index d = 0; d < D; ++d) dq_row[d] = c * sums[r][d];
+    q_rows[r] = qg[i0 + r];
+  }
+  // dk_j += c sum_r ds_rj q_r and dv_j += sum_r p_rj dO_r over the span.
+  accumulate_rows<Scalar, R>(dkg, ws.extra.data(), ws.ld, c, qs.first, qs.n, q_rows, D);
+  accumulate_rows<Scalar, R>(dvg, ws.scores.data(), ws.ld, Scalar(1), qs.first, qs.n, go, D);
 }
 
 template <typename Scalar>
@@ -192,49 +385,17 @@ void backward_group(const Shape& shape, Index g, Index halo, double scaling, con
   fill_rows(dvg, T, D, Scalar(0));
   thread_local Workspace<Scalar> ws;
   ws.reset(D, halo);
-  const Scalar c = static_cast<Scalar>(scaling);
   for (Index i0 = 0; i0 < T; i0 += kBlock) {
     const Index i1 = std::min(T, i0 + kBlock), begin = tile_begin(i0, halo), end = tile_end(i1, halo, T);
     ws.keys.load(kg, begin, end, D);
     ws.values.load(vg, begin, end, D);
-    for (Index i = i0; i < i1; ++i) {
-      const double log_normaliser = static_cast<double>(lse_g[i]);
-      if (log_normaliser == -std::numeric_limits<double>::infinity()) {
-        std::fill(dqg[i], dqg[i] + D, Scalar(0));
-        continue;
-      }
-      const Window window(i, halo, T);
-      const Scalar* __restrict go = gog[i];
-      const Scalar* __restrict o = og[i];
-      double delta = 0.0;
-      for (Index d = 0; d < D; ++d) delta += static_cast<double>(go[d]) * o[d];
-      const Scalar shift = static_cast<Scalar>(grad_lse_g[i] - delta);
-      window_scores(ws, qg[i], scaling, window, D);
-      Scalar* p = ws.scores.data();
-      Scalar* ds = ws.extra.data();
-      ws.values.dot(go, window.lo, window.hi, D, ds);  // dO_i . v_j
-      for (Index j = window.lo; j < window.hi; ++j) {
-        const Index at = j - window.lo;
-        p[at] = valid_row[j] ? std::exp(p[at] - static_cast<Scalar>(log_normaliser)) : Scalar(0);
-        ds[at] = p[at] * (ds[at] + shift);
-      }
-      weighted_rows(kg, ds, window, D, ws.sum.data());
-      Scalar* __restrict dq_row = dqg[i];
-      const Scalar* __restrict q_row = qg[i];
-      for (Index d = 0; d < D; ++d) dq_row[d] = c * ws.sum[d];
-      for (Index j = window.lo; j < window.hi; ++j) {
-        const Index at = j - window.lo;
-        if (p[at] == Scalar(0)) continue;
-        const Scalar dsc = c * ds[at], pj = p[at];
-        Scalar* __restrict dk_row = dkg[j];
-        Scalar* __restrict dv_row = dvg[j];
-#pragma omp simd
-        for (Index d = 0; d < D; ++d) {
-          dk_row[d] += dsc * q_row[d];
-          dv_row[d] += pj * go[d];
-        }
-      }
-    }
+    Index i = i0;
+    for (; i + kRows <= i1; i += kRows)
+      backward_rows<Scalar, kRows>(ws, i, halo, scaling, gog, grad_lse_g, qg, kg, og, valid_row, lse_g, dqg, dkg,
+                                   dvg, T, D);
+    for (; i < i1; ++i)
+      backward_rows<Scalar, 1>(ws, i, halo, scaling, gog, grad_lse_g, qg, kg, og, valid_row, lse_g, dqg, dkg, dvg,
+                               T, D);
   }
 }
 
