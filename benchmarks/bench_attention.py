@@ -16,8 +16,8 @@ Groups (all contenders map q, k, v (1, 12, T, 64) to (1, 12, T, 64)):
    direction per head, s = <w_h, q_i>, t = <w_h, k_j>, inside the timed region.
    ``floor`` (fwd only, see :func:`floor`) is the least work any algorithm of this kind
    does: the same projections, a sort of the keys, one read of v and one write of the output.
-2. ``rela`` (this package's blocked op, ReLU(Q K^T / sqrt(D)) V) against ``sdpa`` and
-   ``eager``, T = 128 ... 16384 (their softmax points are shared with group 1).
+2. ``rela`` (this package's op, ReLU(Q K^T / sqrt(D)) V; on CPU its C++ tile kernel) against ``sdpa``
+   and ``eager``, T = 128 ... 16384 (their softmax points are shared with group 1).
 3. A RoBERTa encoder (hidden 768, 12 heads, 2 layers, FFN 3072, dropout 0) built with
    ``attn_implementation`` sliced_relu / rela / sdpa / eager, on input_ids (1, T), and
    ``sliced_relu_converted``: sliced_relu with the options conversions use (4 slices, the
@@ -57,6 +57,10 @@ command, commit, versions, CPU, threads, date, total time and load; the raw numb
 same environment in ``attention.json``) next to ``*_time.png`` (time vs T, log-log) and
 ``*_memory.png`` (peak memory vs T, log-log); ``<output>`` is ``benchmarks/results``, or
 ``benchmarks/results/quick`` with ``--quick``. A "bars" summary checks the acceptance bars.
+
+``--lengths T[,T...]`` measures every selected group at these T instead of its own: ``python
+benchmarks/bench_attention.py --contenders rela,sdpa,eager --lengths 512,2048,8192 --output
+benchmarks/results/rela_kernel`` is the ReLA kernel's check against SDPA and eager.
 
 ``--interleaved T[,T...]`` replaces the groups' T-by-T points with a side-by-side check, fwd+bwd
 only: at each T the selected contenders (default ``sliced_relu``, ``sliced_relu_bump``, ``sdpa``)
@@ -539,6 +543,8 @@ def bars(bench: Bench) -> list[Bar]:
             4.6, False),
         Bar("rela fwd+bwd T=512: speed relative to eager (eager time / rela time)",
             point_ratio(g("eager", fb, 512), g("rela", fb, 512)), 0.9, True),
+        *(Bar(f"rela fwd+bwd T={length}: sdpa time / rela time (issue #26)",
+              point_ratio(g("sdpa", fb, length), g("rela", fb, length)), 1.0, True) for length in (512, 2048, 8192)),
         Bar("rela fwd+bwd T=8192: peak memory rela / eager",
             point_ratio(g("rela", fb, 8192), g("eager", fb, 8192), "peak_bytes"), 0.25, False),
     ]
@@ -613,6 +619,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "instead of the groups' points: fwd+bwd at these T, the contenders (default: "
         f"{','.join(INTERLEAVED_DEFAULT)}) taking turns round by round. Results go to "
         "benchmarks/results/interleaved unless --output is given"))
+    parser.add_argument("--lengths", type=int_list, metavar="T,...", help=(
+        "the T of every selected group instead of its own (e.g. --contenders rela,sdpa,eager --lengths 512,2048,8192)"))
     parser.add_argument("--rounds", type=int, default=3, help=(
         "with --interleaved: timed rounds per T in each order, the group's and the reverse (default 3)"))
     args = parser.parse_args(argv)
@@ -624,8 +632,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-def groups(quick: bool, selected: list[str] | None) -> list[Group]:
-    """The groups to measure, with their T (a few with ``quick``), holding only the ``selected`` contenders."""
+def groups(quick: bool, selected: list[str] | None, lengths: list[int] | None = None) -> list[Group]:
+    """The groups to measure, with their T (a few with ``quick``; ``lengths`` for all when given), holding
+    only the ``selected`` contenders."""
     every = [
         Group("sliced_relu", "sliced_relu and sliced_relu_bump vs softmax attention and the authors' algorithm",
               SLICED_GROUP, [256, 1024] if quick else [2**p for p in range(8, 17)]),
@@ -637,9 +646,8 @@ def groups(quick: bool, selected: list[str] | None) -> list[Group]:
         Group("small", f"B={SMALL_BATCH}, D={SMALL_DIM}: sliced_relu with a shared softmax window of {SMALL_WINDOW} "
               "vs sliced_relu and softmax attention", SMALL_GROUP, [128]),
     ]
-    if selected is None:
-        return every
-    chosen = [Group(g.stem, g.title, [c for c in g.contenders if c.name in selected], g.lengths) for g in every]
+    chosen = [Group(g.stem, g.title, [c for c in g.contenders if selected is None or c.name in selected],
+                    lengths or g.lengths) for g in every]
     return [group for group in chosen if group.contenders]
 
 
@@ -648,7 +656,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(os.cpu_count())
     run = Run(Path(__file__).name, argv)
     sanity_check()
-    bench, measured = Bench(max_reps=3 if args.quick else 7), groups(args.quick, args.contenders)
+    bench, measured = Bench(max_reps=3 if args.quick else 7), groups(args.quick, args.contenders, args.lengths)
     if args.interleaved:
         measured = interleaved_groups(measured, args.interleaved)
         measure_interleaved(bench, measured, args.rounds)

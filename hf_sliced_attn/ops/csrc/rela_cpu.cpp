@@ -18,8 +18,9 @@
 // that the window or the padding masks entirely are skipped (exact: their weights are 0), and a
 // query tile's key tiles start at the first key its window reaches.
 //
-// Threads: the forward splits (group, query tile) pairs over torch's intra-op threads, the backward
-// splits groups (its dK and dV sum over a group's query tiles); BLAS runs single-threaded inside.
+// Threads: the forward shares (group, query tile) pairs out to torch's intra-op threads, the backward
+// groups (its dK and dV sum over a group's query tiles), each thread taking the next when it is
+// done; BLAS runs single-threaded inside (with one task, torch's threads are BLAS's).
 // float and double are computed in their own precision.
 //
 // Layouts: q, k, v, out, grad_out and the gradients (B, H, T, D) with any (batch, head, token)
@@ -29,6 +30,7 @@
 #include <ATen/Parallel.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <limits>
 #include <stdexcept>
@@ -208,13 +210,15 @@ void backward_group(const Shape& s, Index g, Scalar scaling, const Scalar* grad_
   }
 }
 
-// body(task) for task in [0, count) over torch's intra-op threads, each task a group's or a tile's
-// worth of work; 0, or 1 after an exception.
+// body(task) for task in [0, count), each a group's or a tile's worth of work, over torch's intra-op
+// threads: each thread takes the next task when it is done with one, so that a thread slowed down
+// (by another process on its core) takes fewer. 0, or 1 after an exception.
 template <typename Body>
 int parallel_tasks(Index count, Body body) {
+  std::atomic<Index> next{0};
   try {
-    at::parallel_for(0, count, 1, [&](Index begin, Index end) {
-      for (Index task = begin; task < end; ++task) body(task);
+    at::parallel_for(0, std::min<Index>(count, at::get_num_threads()), 1, [&](Index, Index) {
+      for (Index task = next++; task < count; task = next++) body(task);
     });
   } catch (...) {
     return 1;
