@@ -24,6 +24,11 @@ default 0,1,2) as a subprocess ``python recipes/glue.py ...``:
                        authors' bump kernel)
 =====================  ============================================================================
 
+and, for issue #24's verdicts with every layer converted (the default flow otherwise):
+``sliced_relu_all_layers`` (``--attn_implementation sliced_relu --keep_softmax_layers 0 --local_window 4``,
+the window and its default shared normaliser chosen on validation) and ``rela_all_layers``
+(``--attn_implementation rela --keep_softmax_layers 0``).
+
 Recipe hyperparameters (same for every flow): ``--num_train_epochs 3 --learning_rate 1e-4
 --per_device_train_batch_size 32 --max_length 96``, set by this script's ``--epochs``,
 ``--learning_rate``, ``--batch_size``, ``--max_length``; ``--max_train_steps N`` is passed on
@@ -40,7 +45,8 @@ attention transfer when the flow has it, training, evaluation, saving). Per flow
 the mean ± sample standard deviation of the accuracy over seeds, its ratio to ``sdpa``'s mean,
 the mean wall time and its ratio to ``sdpa``'s. Then, paired with ``sdpa``'s run of the same
 seed: the accuracy differences and ratios and the wall-time ratios, each with its mean and 95%
-t-interval, and for ``sliced_relu`` and ``rela`` the parity verdict of issue #24 (mean ratio
+t-interval, and for ``sliced_relu`` and ``rela`` (and their ``_all_layers`` flows) the parity verdict of issue
+#24 (mean ratio
 at least ``PARITY_BARS``, interval's lower end at least ``PARITY_FLOOR``): "met" only when the
 interval clears it, "not resolved" when it straddles it. Tuning runs without ``sdpa`` pair with
 the ``sdpa`` runs of an earlier ``quality.json`` (``--reference``). Each run records the layers
@@ -109,8 +115,11 @@ FLOWS = {
     "rela_direct": ["--attn_implementation", "rela", "--attention_transfer_steps", "0"],
     "rela": ["--attn_implementation", "rela"],
     "sliced_relu_bump": ["--attn_implementation", "sliced_relu", "--kernel", "bump"],
+    "sliced_relu_all_layers": ["--attn_implementation", "sliced_relu", "--keep_softmax_layers", "0",
+                               "--local_window", "4"],
+    "rela_all_layers": ["--attn_implementation", "rela", "--keep_softmax_layers", "0"],
 }
-PARITY_BARS = {"sliced_relu": 0.99, "rela": 0.995}
+PARITY_BARS = {"sliced_relu": 0.99, "rela": 0.995, "sliced_relu_all_layers": 0.99, "rela_all_layers": 0.995}
 """Issue #24's bars on the accuracy ratio to softmax, every layer converted: the mean paired ratio at least this..."""
 PARITY_FLOOR = 0.98
 """... and the 95% interval of the paired ratio at or above this."""
