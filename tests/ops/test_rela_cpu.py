@@ -175,6 +175,16 @@ def test_dispatch(monkeypatch):
     assert len(calls) == 1
 
 
+def test_without_the_library_the_torch_implementation_runs(monkeypatch):
+    """Where _native.load gives None (no compiler: it warns once), available() is False and rela still gives
+    the reference's values through its torch implementation."""
+    monkeypatch.setattr(rela_cpu, "_kernels", lambda: None)
+    monkeypatch.setattr(rela_cpu, "_forward", None)  # any use of the kernel would fail
+    assert not rela_cpu.available()
+    tensors = _inputs((2, 2, 30, 30, 8, 5, torch.float32), padded=True)
+    assert relative_error(rela(**tensors, sliding_window=5), rela_reference(**tensors, sliding_window=5)) <= 1e-5
+
+
 def test_the_library_is_loaded_by_the_shared_loader():
     """Built and loaded by _native.load (HF_SLICED_ATTN_NATIVE and the missing-compiler fallback apply),
     with both dtypes and both steps."""
