@@ -12,8 +12,9 @@
 // ReLU needs no running maximum, so a query tile's output is a plain sum over key tiles,
 // O_i = sum_j A_ij V_j, and nothing is rescaled. The queries go in tiles of kQueryTile rows and the
 // keys in tiles of kKeyTile rows: a (kQueryTile, kKeyTile) score tile stays in the core's cache
-// between the products that make and use it. Each product is one call of at::native::cpublas::gemm
-// (MKL's sgemm/dgemm where torch is built with it; torch's own gemm otherwise) reading the tensors in
+// between the products that make and use it. Each product is one call of the Fortran BLAS sgemm_ /
+// dgemm_ that libtorch_cpu exports (MKL's, in torch's x86 builds; where torch lacks them the library
+// does not load, and _native.py warns and the torch implementation runs), reading the tensors in
 // place through their token strides; the ReLU, the mask and dS are one pass over the tile. Key tiles
 // that the window or the padding masks entirely are skipped (exact: their weights are 0), and a
 // query tile's key tiles start at the first key its window reaches.
@@ -24,7 +25,7 @@
 // float and double are computed in their own precision.
 //
 // Layouts: q, k, v, out, grad_out and the gradients (B, H, T, D) with any (batch, head, token)
-// element strides and a contiguous last dim; valid (B, Tk) uint8. Entry points return 0, or 1
+// element strides, a token stride >= D below 2^31 (BLAS's int) and a contiguous last dim; valid (B, Tk) uint8. Entry points return 0, or 1
 // after an exception.
 
 #include <ATen/Parallel.h>
