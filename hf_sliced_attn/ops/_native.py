@@ -27,7 +27,7 @@ import tempfile
 import warnings
 from pathlib import Path
 
-__all__ = ["NativeKernelWarning", "load"]
+__all__ = ["NativeKernelWarning", "entry_points", "load"]
 
 import torch
 from filelock import FileLock
@@ -125,3 +125,24 @@ def load(name: str) -> ctypes.CDLL | None:
         NativeKernelWarning, stacklevel=3,
     )
     return None
+
+
+def entry_points(
+    name: str, prefix: str, scalars: list[type], steps: dict[str, int]
+) -> dict[str, ctypes._CFuncPtr] | None:
+    """The entry points ``<prefix>_<step>_<f32|f64>`` of the library ``csrc/<name>.cpp`` (:func:`load`) with
+    their argument types, keyed by ``<step>_<f32|f64>``; None without the library. Every entry point takes
+    the ``scalars`` (ctypes types: sizes, then the step's options), then the data pointers of ``steps[step]``
+    tensors, then one pointer to the array of their strides, and returns an int status."""
+    library = load(name)
+    if library is None:
+        return None
+    kernels = {}
+    for step, tensors in steps.items():
+        argtypes = [*scalars, *[ctypes.c_void_p] * (tensors + 1)]
+        for suffix in ("f32", "f64"):
+            function = getattr(library, f"{prefix}_{step}_{suffix}")
+            function.argtypes, function.restype = argtypes, ctypes.c_int
+            kernels[f"{step}_{suffix}"] = function
+    return kernels
+

@@ -42,18 +42,8 @@ def available() -> bool:
 @functools.cache
 def _kernels() -> dict[str, ctypes._CFuncPtr] | None:
     """The entry points with their argument types, keyed by ``<step>_<dtype>``; None without the library."""
-    library = _native.load("rela_cpu")
-    if library is None:
-        return None
-    kernels = {}
-    for step, tensors in _STEPS.items():
-        # (B, H, Tq, Tk, D), the halo, the scaling, the tensors' data pointers, then their strides.
-        argtypes = [ctypes.c_int64] * 6 + [ctypes.c_double] + [ctypes.c_void_p] * (tensors + 1)
-        for suffix in ("f32", "f64"):
-            function = getattr(library, f"rela_{step}_{suffix}")
-            function.argtypes, function.restype = argtypes, ctypes.c_int
-            kernels[f"{step}_{suffix}"] = function
-    return kernels
+    # (B, H, Tq, Tk, D), the halo, the scaling.
+    return _native.entry_points("rela_cpu", "rela", [ctypes.c_int64] * 6 + [ctypes.c_double], _STEPS)
 
 
 def _rows(x: Tensor) -> Tensor:

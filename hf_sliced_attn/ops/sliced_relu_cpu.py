@@ -62,18 +62,7 @@ def _kernels(kernel: str) -> dict[str, ctypes._CFuncPtr] | None:
     """The entry points of ``kernel`` ("relu" or "bump") with their argument types, keyed by
     ``<step>_<dtype>``; None without the library."""
     name, prefix, steps = _LIBRARIES[kernel]
-    library = _native.load(name)
-    if library is None:
-        return None
-    kernels = {}
-    for step, tensors in steps.items():
-        # (B, H, M, Tq, Tk, D), the tensors' data pointers, then the array of their strides.
-        argtypes = [ctypes.c_int64] * 6 + [ctypes.c_void_p] * (tensors + 1)
-        for suffix in ("f32", "f64"):
-            function = getattr(library, f"{prefix}_{step}_{suffix}")
-            function.argtypes, function.restype = argtypes, ctypes.c_int
-            kernels[f"{step}_{suffix}"] = function
-    return kernels
+    return _native.entry_points(name, prefix, [ctypes.c_int64] * 6, steps)  # (B, H, M, Tq, Tk, D)
 
 
 def _call(

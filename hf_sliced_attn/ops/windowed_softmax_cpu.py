@@ -41,18 +41,9 @@ def available() -> bool:
 @functools.cache
 def _kernels() -> dict[str, ctypes._CFuncPtr] | None:
     """The entry points with their argument types, keyed by ``<step>_<dtype>``; None without the library."""
-    library = _native.load("windowed_softmax_cpu")
-    if library is None:
-        return None
-    kernels = {}
-    for step, tensors in _STEPS.items():
-        # (B, H, 1, T, T, D), the halo, the scaling, the tensors' data pointers, then their strides.
-        argtypes = [ctypes.c_int64] * 7 + [ctypes.c_double] + [ctypes.c_void_p] * (tensors + 1)
-        for suffix in ("f32", "f64"):
-            function = getattr(library, f"windowed_softmax_{step}_{suffix}")
-            function.argtypes, function.restype = argtypes, ctypes.c_int
-            kernels[f"{step}_{suffix}"] = function
-    return kernels
+    # (B, H, 1, T, T, D), the halo, the scaling.
+    return _native.entry_points("windowed_softmax_cpu", "windowed_softmax", [ctypes.c_int64] * 7 + [ctypes.c_double],
+                                _STEPS)
 
 
 def _call(step: str, halo: int, scaling: float, tensors: tuple[Tensor, ...], rows: tuple[Tensor, ...]) -> None:
