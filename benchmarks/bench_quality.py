@@ -64,7 +64,9 @@ hidden-state cosine against the softmax model, before and after conversion
 Outputs: ``<output>/quality.json`` (settings, every run, the summary, fidelity) and
 ``<output>/quality.md`` (the tables, also printed), ``<output>`` = ``benchmarks/results`` by
 default; both are written after every run too, marked partial (``"complete": false`` and the runs done)
-until the last, so that an interrupted benchmark leaves its finished seeds summarised. Run folders go to ``--work_dir`` (default ``outputs/bench_quality``); the fine-tuned
+until the last, so that an interrupted benchmark leaves its finished seeds summarised; ``--resume``
+continues such a file (same split and settings): its finished runs are kept, the missing flow and seed pairs
+run, and the results say which runs came from where. Run folders go to ``--work_dir`` (default ``outputs/bench_quality``); the fine-tuned
 weights are deleted after each run unless ``--keep_models``.
 
 Cost: a full run (5 flows x 3 seeds, 150 updates each on 1600 definitions) takes hours on
@@ -379,6 +381,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--reference", type=Path, default=None,
                         help="a quality.json of the same split and settings whose sdpa runs pair with this run's "
                              "seeds when --flows has no sdpa (tuning runs); final figures run sdpa side by side")
+    parser.add_argument("--resume", action="store_true",
+                        help="continue the partial quality.json in --output (same split and settings): its finished "
+                             "runs are kept, only the missing flow and seed pairs run")
     parser.add_argument("--dry-run", action="store_true", help="print the commands and exit")
     args = parser.parse_args(argv)
     args.work_dir = args.work_dir.resolve()
@@ -396,13 +401,37 @@ def print_commands(args: argparse.Namespace) -> None:
                                              args.work_dir / f"convert-{mechanism}")))
 
 
-def run_recipes(args: argparse.Namespace, after_each: Callable[[list[dict]], None]) -> list[dict]:
-    """Every flow on every seed; seeds outermost, so that an interrupted benchmark still has every flow
-    measured on the first seeds. ``after_each`` gets the runs so far after every run."""
-    runs = []
+def resumed_runs(args: argparse.Namespace, settings: dict) -> tuple[list[dict], list[dict]]:
+    """With ``--resume``: the finished runs of ``<output>/quality.json`` that this run asks for, and the
+    environments of the runs they came from; without it, nothing. The file's settings must be this run's
+    (its flows and seeds may differ)."""
+    if not args.resume:
+        return [], []
+    path = args.output / "quality.json"
+    if not path.is_file():
+        raise SystemExit(f"--resume: no {path} to continue; run without --resume to start one.")
+    record = json.loads(path.read_text())
+    ignored = {"flows", "seeds"}
+    differing = sorted(key for key in settings if key not in ignored and record["settings"].get(key) != settings[key])
+    if differing:
+        raise SystemExit(f"--resume: {path} was measured with other settings ({', '.join(differing)}): "
+                         "resume with the same ones, or write to another --output.")
+    wanted = {(flow, seed) for flow in args.flows for seed in args.seeds}
+    kept = [run for run in record["runs"] if run["status"] == 0 and (run["flow"], run["seed"]) in wanted]
+    return kept, [*record.get("resumed_from", []), record["environment"]]
+
+
+def run_recipes(args: argparse.Namespace, after_each: Callable[[list[dict]], None],
+                done: list[dict]) -> list[dict]:
+    """Every flow on every seed not already ``done``; seeds outermost, so that an interrupted benchmark still
+    has every flow measured on the first seeds. ``after_each`` gets the runs so far after every run."""
+    runs = list(done)
+    finished = {(run["flow"], run["seed"]) for run in done}
     total = len(args.flows) * len(args.seeds)
     for seed in args.seeds:
         for flow in args.flows:
+            if (flow, seed) in finished:
+                continue
             print(f"[{len(runs) + 1}/{total}] {flow} seed {seed} ...", flush=True)
             run = run_recipe(args, flow, seed)
             runs.append(run)
@@ -437,21 +466,25 @@ def main(argv: list[str] | None = None) -> None:
                 "convert_args": args.convert_args if args.fidelity else None,
                 "reference": str(args.reference) if args.reference else None}
     total = len(args.flows) * len(args.seeds)
+    done, resumed_from = resumed_runs(args, settings)
 
     def write(runs: list[dict], fidelity: dict | None, final: bool) -> None:
         """The results so far; until the last run, marked as partial (an interrupted run leaves them)."""
         benchmark.finish()
         summary = summarise(runs, args.flows, reference_runs(args, runs))
         report = markdown(benchmark, settings, summary, fidelity)
-        if not final:
-            report = report.replace("\n", f"\n\n**Partial: {len(runs)} of {total} runs done when this was written.**\n", 1)
-        else:
+        notes = [] if final else [f"**Partial: {len(runs)} of {total} runs done when this was written.**"]
+        notes += [f"Resumed: {len(done)} runs come from the partial run at {env['source']}, {env['date']} "
+                  f"(`{env['command']}`), the others from this one." for env in resumed_from[-1:] if done]
+        if notes:
+            report = report.replace("\n", "\n\n" + "\n\n".join(notes) + "\n", 1)
+        if final:
             print("\n" + report)
         write_results(args.output, "quality", report, {
-            "environment": benchmark.record(), "settings": settings, "complete": final,
+            "environment": benchmark.record(), "resumed_from": resumed_from, "settings": settings, "complete": final,
             "runs_done": len(runs), "runs_total": total, "summary": summary, "runs": runs, "fidelity": fidelity})
 
-    runs = run_recipes(args, lambda done: write(done, None, False))
+    runs = run_recipes(args, lambda so_far: write(so_far, None, False), done)
     write(runs, run_fidelity(args) if args.fidelity else None, True)
 
 

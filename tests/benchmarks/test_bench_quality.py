@@ -114,3 +114,32 @@ def test_an_interrupted_benchmark_leaves_its_finished_runs_summarised(tmp_path, 
     record = json.loads((tmp_path / "quality.json").read_text())
     assert record["complete"] and record["runs_done"] == 4
     assert "Partial" not in (tmp_path / "quality.md").read_text()
+
+
+def test_resume_runs_only_what_is_missing_and_refuses_other_settings(tmp_path, monkeypatch):
+    """--resume keeps the finished runs of the partial file, runs the missing pairs, and names where the kept
+    ones came from; a file measured with other settings is refused."""
+    import json
+
+    from benchmarks import bench_quality
+
+    ran = []
+
+    def fake_run(args, flow, seed):
+        ran.append((flow, seed))
+        if len(ran) == 3:
+            raise KeyboardInterrupt
+        return {"flow": flow, "seed": seed, "status": 0, "wall_s": 10.0, "accuracy": 0.9 + 0.01 * seed}
+
+    monkeypatch.setattr(bench_quality, "run_recipe", fake_run)
+    argv = ["--flows", "sdpa,sliced_relu", "--seeds", "0,1", "--output", str(tmp_path), "--work_dir", str(tmp_path)]
+    with pytest.raises(KeyboardInterrupt):
+        bench_quality.main(argv)
+    ran.clear()
+    bench_quality.main([*argv, "--resume"])
+    assert ran == [("sdpa", 1), ("sliced_relu", 1)]  # the two finished seed-0 runs were kept
+    record = json.loads((tmp_path / "quality.json").read_text())
+    assert record["complete"] and record["runs_done"] == 4 and len(record["resumed_from"]) == 1
+    assert "Resumed: 2 runs come from the partial run at" in (tmp_path / "quality.md").read_text()
+    with pytest.raises(SystemExit, match="other settings \\(epochs\\)"):
+        bench_quality.main([*argv, "--resume", "--epochs", "5"])
