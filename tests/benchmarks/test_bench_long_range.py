@@ -107,6 +107,15 @@ def test_bad_names_are_refused_with_the_choices(capsys):
         make_task("imdb", 64)
 
 
+def test_the_defaults_are_the_setting_the_probes_chose():
+    """600 steps of batch 8 at lr 3e-3, 8 evaluations on 128 examples, equal steps at T = 1024 (the script's
+    docstring: "Budget")."""
+    args = bench.parse_args([])
+    assert (args.steps, args.batch_size, args.learning_rate, args.warmup_steps) == (600, 8, 3e-3, 20)
+    assert (args.evaluations, args.validation_examples, args.seconds, args.lengths) == (8, 128, 0.0, [1024])
+    assert (args.layers, args.hidden_size, args.heads, args.pooling, args.threads) == (2, 64, 4, "cls", 1)
+
+
 def test_an_equal_time_run_stops_on_its_clock(tmp_path):
     argv = ["--tasks", "listops", "--contenders", "sdpa", "--lengths", "32", "--seeds", "0", "--steps", "100000",
             "--seconds", "0.05", "--hidden-size", "16", "--heads", "2", "--evaluations", "1",
