@@ -55,6 +55,10 @@ def add_convert_parser(subparsers: argparse._SubParsersAction) -> argparse.Argum
                         help="fraction split off --text when no --heldout-text is given (default: %(default)s)")
     parser.add_argument("--max-length", type=int, default=d["max_length"].default,
                         help="tokens per passage (default: %(default)s)")
+    parser.add_argument("--pack-tokens", type=int, default=d["pack_tokens"].default,
+                        help="join consecutive training passages into rows of up to this many tokens (at most "
+                             "--max-length), so the transfer trains on long inputs; 0: one passage a row "
+                             "(default: %(default)s)")
     parser.add_argument("--seed", type=int, default=d["seed"].default, help="random seed (default: %(default)s)")
     parser.add_argument("--output", required=True, help="output folder")
     parser.add_argument("--overwrite", action="store_true", help="replace an existing output folder")
@@ -76,7 +80,8 @@ def run_convert(args: argparse.Namespace) -> int:
             model=args.model, mechanism=args.attn, output_dir=args.output, text=args.text,
             heldout_text=args.heldout_text, mechanism_options=mechanism_options(args, args.attn, dashes=True),
             transfer=transfer_settings(args), text_column=args.text_column, text_split=args.text_split,
-            heldout_fraction=args.heldout_fraction, max_length=args.max_length, seed=args.seed,
+            heldout_fraction=args.heldout_fraction, max_length=args.max_length, pack_tokens=args.pack_tokens,
+            seed=args.seed,
             adapter_only=args.adapter_only, overwrite=args.overwrite, resume=args.resume,
             base_model_id=args.base_model_id,
         )

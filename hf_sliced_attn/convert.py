@@ -35,7 +35,7 @@ from .conversion.model_sources import hub_id_of, load_model_config, source_name
 from .conversion.pipeline import TransferRecord, transfer_and_select
 from .conversion.sentence_transformers_files import copy_sentence_transformers_files, sentence_transformers_folder
 from .conversion.settings import TransferConfig, resolve_transfer_config
-from .conversion.training_text import Batches, load_texts, split_heldout, tokenize
+from .conversion.training_text import Batches, load_texts, pack_passages, split_heldout, tokenize
 from .conversion.transfer import build_teacher, latest_checkpoint, with_transfer_lora
 from .distributed import cpu_process_group_kwargs
 from .integration import converted_layer_indices, prepare_config
@@ -71,6 +71,10 @@ class ConvertOptions:
     text_split: str = "train"
     heldout_fraction: float = 0.1
     max_length: int = 128
+    pack_tokens: int = 0
+    """Train on consecutive training passages joined into rows of up to this many tokens (at most ``max_length``;
+    :func:`~hf_sliced_attn.conversion.training_text.pack_passages`), so the transfer sees inputs as long as the
+    text the model will convert; 0: one passage a row. The held-out text is never packed."""
     seed: int = 0
     adapter_only: bool = False
     overwrite: bool = False
@@ -85,6 +89,9 @@ class ConvertOptions:
             raise ValueError(f"max_length must be >= 1, got {self.max_length}.")
         if not 0.0 < self.heldout_fraction < 1.0:
             raise ValueError(f"heldout_fraction must be in (0, 1), got {self.heldout_fraction}.")
+        if not 0 <= self.pack_tokens <= self.max_length:
+            raise ValueError(f"pack_tokens must be 0 (no packing) or at most max_length {self.max_length} (the "
+                             f"longest row the transfer tokenizes), got {self.pack_tokens}.")
 
     def resolved_options(self) -> dict[str, Any]:
         """The options handed to :func:`hf_sliced_attn.prepare_config`: the given ones over the
@@ -112,7 +119,7 @@ class ConvertOptions:
         options and the seed (which the transfer adds itself), what fixes the trajectory that resuming checks."""
         return {"model": self.model, "text": self.text, "heldout_text": self.heldout_text,
                 "text_column": self.text_column, "text_split": self.text_split,
-                "heldout_fraction": self.heldout_fraction, "max_length": self.max_length}
+                "heldout_fraction": self.heldout_fraction, "max_length": self.max_length, "pack_tokens": self.pack_tokens}
 
 
 @dataclass
@@ -177,6 +184,8 @@ def convert(options: ConvertOptions, on_step: Callable[[int, float], None] | Non
     _prepare_output(options, accelerator)
     output = Path(options.output_dir)
     tokenizer = AutoTokenizer.from_pretrained(options.model)
+    if options.pack_tokens:
+        train_texts = pack_passages(tokenizer, train_texts, options.pack_tokens)
     teacher = build_teacher(options.model).to(accelerator.device)
     batches = Batches(tokenize(tokenizer, train_texts, options.max_length), tokenizer,
                       transfer.batch_size or BATCH_SIZE, options.seed)
@@ -237,7 +246,8 @@ def _report(options: ConvertOptions, mechanism_options: dict[str, Any], record: 
         "training": {"num_texts": num_train, "text": [source_name(s) for s in options.text],
                      "datasets": [source for source in options.text if not Path(source).exists()],
                      "stage1_steps": record.config.steps, **record.config.trajectory(),
-                     "max_length": options.max_length, "seed": options.seed, "num_processes": num_processes},
+                     "max_length": options.max_length, "pack_tokens": options.pack_tokens, "seed": options.seed,
+                     "num_processes": num_processes},
         "wall_time_s": record.wall_time_s,
     }
 

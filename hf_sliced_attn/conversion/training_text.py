@@ -121,6 +121,29 @@ class Batches:
             step += 1
 
 
+def pack_passages(tokenizer: PreTrainedTokenizerBase, texts: Sequence[str], tokens: int) -> list[str]:
+    """Consecutive passages joined (with a space, in their order) into rows of at most ``tokens`` tokens, special
+    tokens included: a row takes the next passage while it fits, so the transfer trains on inputs as long as the
+    text a converted model will read, not on each short line alone. A passage longer than ``tokens`` is a row of
+    its own (truncated where it is tokenized). Every passage is in exactly one row."""
+    if tokens < 1:
+        raise ValueError(f"tokens must be >= 1, got {tokens}")
+    specials = tokenizer.num_special_tokens_to_add(pair=False)
+    lengths = [len(ids) for ids in tokenizer(list(texts), add_special_tokens=False)["input_ids"]]
+    rows: list[str] = []
+    current: list[str] = []
+    used = specials
+    for text, length in zip(texts, lengths, strict=True):
+        if current and used + length > tokens:
+            rows.append(" ".join(current))
+            current, used = [], specials
+        current.append(text)
+        used += length
+    if current:
+        rows.append(" ".join(current))
+    return rows
+
+
 def tokenize(tokenizer: PreTrainedTokenizerBase, texts: Sequence[str], max_length: int) -> list[dict[str, list[int]]]:
     encoded = tokenizer(list(texts), truncation=True, max_length=max_length)
     return [{key: encoded[key][i] for key in encoded} for i in range(len(texts))]

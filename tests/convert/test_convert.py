@@ -226,3 +226,33 @@ def test_keep_softmax_layers_keeps_the_worst_layers_and_saves_the_choice(tiny_mo
     with pytest.raises(ValueError, match="leaves none of the 3 converted layers"):
         convert(tiny_options(tiny_modernbert, tmp_path / "none", mechanism="rela", steps=2, keep_softmax_layers=3,
                              mechanism_options={"layers": "all"}))
+
+
+def test_packed_passages_fill_rows_in_order(tiny_roberta):
+    """Each row holds consecutive passages up to the token budget (special tokens included); a passage over it
+    stands alone; every passage is in exactly one row, in its order."""
+    from hf_sliced_attn.conversion.training_text import pack_passages
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_roberta)
+    texts = [f"passage number {i} says a little more" for i in range(12)]
+    texts.insert(5, " ".join(["long"] * 80))
+    rows = pack_passages(tokenizer, texts, 40)
+    assert " ".join(rows) == " ".join(texts)  # every passage once, in order
+    lengths = [len(tokenizer(row)["input_ids"]) for row in rows]
+    assert all(length <= 40 for row, length in zip(rows, lengths) if "long long" not in row)
+    assert " ".join(["long"] * 80) in rows  # the over-long passage alone
+    one = len(tokenizer(texts[0])["input_ids"])
+    assert 1 < len(rows) < len(texts) and lengths[0] + one - 2 > 40  # a row stops where the next passage would overflow
+    with pytest.raises(ValueError, match="tokens must be >= 1"):
+        pack_passages(tokenizer, texts, 0)
+
+
+def test_packing_trains_on_fewer_longer_rows_and_is_recorded(tiny_roberta, tmp_path):
+    result = convert(tiny_options(tiny_roberta, tmp_path / "packed", pack_tokens=64, max_length=64, steps=2))
+    unpacked = convert(tiny_options(tiny_roberta, tmp_path / "unpacked", max_length=64, steps=2))
+    packed_training, training = result.report["training"], unpacked.report["training"]
+    assert packed_training["pack_tokens"] == 64 and training["pack_tokens"] == 0
+    assert packed_training["num_texts"] < training["num_texts"]
+    assert result.report["heldout"]["num_texts"] == unpacked.report["heldout"]["num_texts"]  # held-out text unpacked
+    with pytest.raises(ValueError, match="pack_tokens must be 0 .* at most max_length 64"):
+        tiny_options(tiny_roberta, tmp_path / "bad", pack_tokens=65, max_length=64)
