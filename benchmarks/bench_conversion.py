@@ -58,10 +58,16 @@ VARIANTS = {
     **{f"sliced_relu_window{w}_all_layers": (
         "sliced_relu", ["--keep-softmax-layers", "0", "--local-window", str(w), "--window-combine", "shared"])
        for w in (4, 8, 16)},
+    "sliced_relu_window16_all_layers_packed": (
+        "sliced_relu", ["--keep-softmax-layers", "0", "--local-window", "16", "--window-combine", "shared",
+                        "--pack-tokens", "128"]),
     "rela": ("rela", []),
+    "rela_packed": ("rela", ["--pack-tokens", "128"]),
     "rela_former_defaults": ("rela", OLD_SCHEDULE),
 }
-"""Name -> (mechanism, flags). ``*_former_defaults`` are the converter's defaults before this ablation."""
+"""Name -> (mechanism, flags). ``*_former_defaults`` are the converter's defaults before this ablation;
+``*_packed`` train on the training lines joined into rows of up to 128 tokens (the default ``--max-length``), for
+the long tuning text (issue #24)."""
 
 
 def convert_variant(name: str, mechanism: str, flags: list[str], work: Path) -> dict:
