@@ -97,6 +97,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 from benchmarks._harness import (  # noqa: E402
     RESULTS,
     ROOT,
+    PairedInterval,
     Run,
     choice_list,
     int_list,
@@ -279,10 +280,21 @@ def paired_summary(flow: str, pairs: list[tuple[dict, dict]]) -> dict:
              "wall_ratio": paired_interval(r["wall_s"] / ref["wall_s"] for r, ref in pairs).record()}
     bar = PARITY_BARS.get(flow)
     if bar is not None:
-        floor = ratio.verdict(PARITY_FLOOR)
         entry["parity"] = {"mean_ratio_at_least": bar, "interval_low_at_least": PARITY_FLOOR,
-                           "verdict": floor if floor != "met" or ratio.mean >= bar else "not met"}
+                           "verdict": parity_verdict(ratio, bar)}
     return entry
+
+
+def parity_verdict(ratio: PairedInterval, bar: float) -> str:
+    """Issue #24's parity bar on the paired accuracy ratio: "met" when the mean reaches ``bar`` and the interval's
+    lower end :data:`PARITY_FLOOR`; "not met" when either fails for certain (the interval wholly below ``bar``
+    or below the floor, or a resolved floor with the mean short of ``bar``); otherwise "not resolved"."""
+    floor = ratio.verdict(PARITY_FLOOR)
+    if floor == "not met" or ratio.verdict(bar) == "not met":
+        return "not met"
+    if floor == "met":
+        return "met" if ratio.mean >= bar else "not met"
+    return "not resolved"
 
 
 def fmt(value: float | None, spec: str) -> str:

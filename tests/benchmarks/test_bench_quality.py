@@ -143,3 +143,16 @@ def test_resume_runs_only_what_is_missing_and_refuses_other_settings(tmp_path, m
     assert "Resumed: 2 runs come from the partial run at" in (tmp_path / "quality.md").read_text()
     with pytest.raises(SystemExit, match="other settings \\(epochs\\)"):
         bench_quality.main([*argv, "--resume", "--epochs", "5"])
+
+
+def test_an_interval_wholly_below_the_bar_is_not_met_even_when_it_straddles_the_floor():
+    """rela_all_layers on test_large's first seeds: ratio 0.9785 [0.9644, 0.9926], bar 0.995, floor 0.98."""
+    from benchmarks._harness import paired_interval
+    from benchmarks.bench_quality import parity_verdict
+
+    below_bar = paired_interval([0.9713, 0.9820, 0.9822])
+    assert below_bar.low < PARITY_FLOOR < below_bar.high < 0.995
+    assert parity_verdict(below_bar, 0.995) == "not met"
+    assert parity_verdict(below_bar, 0.97) == "not resolved"  # the same pairs against a bar inside the interval
+    assert parity_verdict(paired_interval([0.999, 1.001, 1.0]), 0.995) == "met"
+    assert parity_verdict(paired_interval([0.990, 0.991, 0.992]), 0.995) == "not met"  # floor met, mean short
