@@ -1,0 +1,128 @@
+"""Tests for :func:`hf_sliced_attn.ops.rela_local_window_attention` (a local softmax window combined with global
+ReLA, "gate" and "shared") against the float64 quadratic reference, values and gradients, and for the opt-in
+return it reads: ``rela(return_denominator=True)``, on the C++ kernel and the torch path."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from hf_sliced_attn.ops import WINDOW_COMBINES, rela, rela_cpu, rela_local_window_attention, windowed_softmax
+from hf_sliced_attn.ops.naive import rela_local_window_reference, rela_reference, rela_weights_reference
+from tests.helpers.comparisons import assert_matches_reference, op_output_and_input_grads, relative_error
+from tests.helpers.op_inputs import key_padding
+
+
+def inputs(batch: int, heads: int, length: int, dim: int, *, combine: str, padded: bool,
+           dtype: torch.dtype = torch.float32, seed: int = 0) -> dict[str, torch.Tensor | None]:
+    """Random q, k, v and per-head mix (a gate in (0, 1), or gamma in [1/e, e]), with a padded last row."""
+    gen = torch.Generator().manual_seed(seed)
+    drawn = {
+        "query": torch.randn(batch, heads, length, dim, generator=gen),
+        "key": torch.randn(batch, heads, length, dim, generator=gen),
+        "value": torch.randn(batch, heads, length, dim, generator=gen) + 0.5,
+        "mix": (torch.sigmoid(torch.randn(heads, generator=gen)) if combine == "gate"
+                else torch.exp(2 * torch.rand(heads, generator=gen) - 1)),
+    }
+    drawn = {name: x.to(dtype) for name, x in drawn.items()}
+    drawn["key_padding_mask"] = (key_padding(batch, length, 0.3, generator=gen, real_first_row=True,
+                                             padded_last_row=True) if padded else None)
+    return drawn
+
+
+DIFFERENTIABLE = ("query", "key", "value", "mix")
+
+# (B, H, T, D, w)
+CASES = [
+    pytest.param(2, 3, 37, 8, 4, id="w4-T37"),
+    pytest.param(2, 2, 20, 4, 1, id="w1"),
+    pytest.param(1, 2, 9, 4, 9, id="w-equals-T"),
+    pytest.param(3, 2, 64, 6, 15, id="w15-T64"),
+]
+
+
+@pytest.mark.parametrize("batch,heads,length,dim,window", CASES)
+@pytest.mark.parametrize("padded", [False, True], ids=["nopad", "pad"])
+@pytest.mark.parametrize("combine", WINDOW_COMBINES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["f32", "f64"])
+def test_matches_reference(batch, heads, length, dim, window, padded, combine, dtype):
+    tensors = inputs(batch, heads, length, dim, combine=combine, padded=padded, dtype=dtype, seed=length + window)
+    out = assert_matches_reference(
+        rela_local_window_attention, rela_local_window_reference, tensors, differentiable=DIFFERENTIABLE,
+        rtol=1e-5, grad_rtol=1e-4, window=window, combine=combine, scaling=0.6,
+    )
+    assert out.shape == (batch, heads, length, dim) and out.dtype == dtype
+    if padded:
+        assert (out[-1] == 0).all()  # a sequence with no real key: no window key, D = 0
+
+
+@pytest.mark.parametrize("combine", WINDOW_COMBINES)
+def test_bfloat16_is_computed_in_float32(combine):
+    tensors = inputs(2, 2, 30, 8, combine=combine, padded=True, dtype=torch.bfloat16, seed=5)
+    out = assert_matches_reference(
+        rela_local_window_attention, rela_local_window_reference, tensors, differentiable=DIFFERENTIABLE,
+        rtol=2e-2, grad_rtol=5e-2, window=3, combine=combine, scaling=0.6,
+    )
+    assert out.dtype == torch.bfloat16
+
+
+@pytest.mark.parametrize("combine", WINDOW_COMBINES)
+def test_both_parts_carry_weight(combine):
+    """The test inputs mix the two parts: the output is neither the window's softmax nor ReLA's term."""
+    tensors = inputs(2, 3, 37, 8, combine=combine, padded=False, dtype=torch.float64)
+    q, k, v = tensors["query"], tensors["key"], tensors["value"]
+    weights = rela_weights_reference(q, k, scaling=0.6)
+    global_term = weights @ v if combine == "gate" else (weights @ v) / weights.sum(-1, keepdim=True)
+    local = windowed_softmax(q, k, v, scaling=0.6, sliding_window=5)
+    out = rela_local_window_attention(**tensors, window=4, combine=combine, scaling=0.6)
+    for part in (global_term, local):
+        assert relative_error(out, part) > 0.05
+
+
+@pytest.mark.parametrize("native", [True, False], ids=["cpu-kernel", "torch"])
+@pytest.mark.parametrize("sliding_window", [None, 5])
+def test_rela_returns_its_denominator(native, sliding_window, monkeypatch):
+    """``return_denominator``: O as without it and D_i = sum_j ReLU(a_ij) over the allowed keys, float32 for
+    half inputs, with gradients in q and k; on the C++ kernel and on the torch path."""
+    if native and not rela_cpu.available():
+        pytest.skip("the ReLA C++ kernel does not build here")
+    if not native:
+        monkeypatch.setattr(rela_cpu, "available", lambda: False)
+    tensors = inputs(2, 3, 29, 8, combine="gate", padded=True, dtype=torch.float64, seed=11)
+    q, k, v, mask = tensors["query"], tensors["key"], tensors["value"], tensors["key_padding_mask"]
+
+    def with_denominator(query, key, value, key_padding_mask):
+        out, den = rela(query, key, value, key_padding_mask, scaling=0.6, sliding_window=sliding_window,
+                        return_denominator=True)
+        return torch.cat([out, den.unsqueeze(-1)], dim=-1)
+
+    def reference(query, key, value, key_padding_mask):
+        out = rela_reference(query, key, value, key_padding_mask, scaling=0.6, sliding_window=sliding_window)
+        den = rela_weights_reference(query, key, key_padding_mask, scaling=0.6, sliding_window=sliding_window)
+        return torch.cat([out, den.sum(-1, keepdim=True)], dim=-1)
+
+    assert_matches_reference(with_denominator, reference, {"query": q, "key": k, "value": v, "key_padding_mask": mask},
+                             differentiable=("query", "key", "value"), rtol=1e-10, grad_rtol=1e-10)
+    half = rela(q.half(), k.half(), v.half(), mask, scaling=0.6, return_denominator=True)
+    assert half[0].dtype == torch.float16 and half[1].dtype == torch.float32
+
+
+def test_bad_combine_is_refused_before_any_work():
+    q = torch.randn(1, 2, 5, 4)
+    with pytest.raises(ValueError, match=r"combine='sum' is not valid: use one of \['gate', 'shared'\]"):
+        rela_local_window_attention(q, q, q, torch.ones(2), window=2, combine="sum")
+
+
+@pytest.mark.parametrize("combine", WINDOW_COMBINES)
+def test_compiles_as_one_graph_forward_and_backward(combine):
+    """torch.compile(fullgraph=True): eager's output and gradients."""
+    tensors = inputs(2, 3, 40, 8, combine=combine, padded=True, seed=3)
+    torch._dynamo.reset()
+    compiled = torch.compile(rela_local_window_attention, fullgraph=True, backend="aot_eager")
+    out, grads = op_output_and_input_grads(compiled, tensors, differentiable=DIFFERENTIABLE, window=4, combine=combine)
+    expected, expected_grads = op_output_and_input_grads(rela_local_window_attention, tensors,
+                                                         differentiable=DIFFERENTIABLE, window=4, combine=combine)
+    assert relative_error(out, expected) <= 1e-6
+    for name in DIFFERENTIABLE:
+        assert relative_error(grads[name], expected_grads[name]) <= 1e-5, name
+    torch._dynamo.reset()
