@@ -86,7 +86,7 @@ def test_the_cycle_check_can_fail():
     """The graph sees imports in all three folders: absolute, relative, and a recipe's of its neighbour."""
     graph = _graph()
     assert "hf_sliced_attn.convert" in graph["hf_sliced_attn.cli"]
-    assert "hf_sliced_attn.mechanisms.base" in graph["hf_sliced_attn.mechanisms.sliced_relu.config"]
+    assert "hf_sliced_attn.mechanisms.local_window" in graph["hf_sliced_attn.mechanisms.sliced_relu.config"]
     assert "glue_data" in graph["glue"] and "hf_sliced_attn.conversion.pipeline" in graph["glue"]
     assert "benchmarks._harness" in graph["benchmarks.bench_quality"]
 

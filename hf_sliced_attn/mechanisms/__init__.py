@@ -7,6 +7,7 @@ recipe pick it up from the registry.
 """
 
 from .base import CONFIG_KEY, MECHANISMS, InputAttention, Mechanism, MechanismConfig, Paper, PluginModule, parse_layers
+from .local_window import LocalWindowGate, LocalWindowShare, WindowedConfig
 from .rela import RELA, RelaConfig
 from .sliced_relu import SLICED_RELU, SlicedReluConfig
 
@@ -14,6 +15,8 @@ __all__ = [
     "CONFIG_KEY",
     "MECHANISMS",
     "InputAttention",
+    "LocalWindowGate",
+    "LocalWindowShare",
     "RELA",
     "SLICED_RELU",
     "Mechanism",
@@ -22,6 +25,7 @@ __all__ = [
     "PluginModule",
     "RelaConfig",
     "SlicedReluConfig",
+    "WindowedConfig",
     "parse_layers",
 ]
 

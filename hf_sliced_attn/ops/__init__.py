@@ -8,7 +8,7 @@ gradients.
 """
 
 from .banded import windowed_sliced_relu, windowed_sliced_relu_bump, windowed_softmax
-from .local_window import WINDOW_COMBINES, local_window_attention
+from .local_window import WINDOW_COMBINES, local_window_attention, rela_local_window_attention
 from .norm import gated_rms_norm
 from .rela import rela
 from .sliced_relu import sliced_relu
@@ -20,6 +20,7 @@ __all__ = [
     "gated_rms_norm",
     "local_window_attention",
     "rela",
+    "rela_local_window_attention",
     "sliced_relu",
     "sliced_relu_bump",
     "value_mean",

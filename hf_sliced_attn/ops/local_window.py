@@ -43,6 +43,12 @@ Cost: the window's softmax is :func:`.banded.windowed_softmax` (its log-normalis
 The sliced term and its D come from :func:`.sliced_relu.sliced_relu` or
 :func:`.sliced_relu_bump.sliced_relu_bump` (``return_denominator``): O(T log T) per head.
 Everything is differentiable in query, key, value, sliced, mix and denominator.
+
+ReLA (arXiv 2104.07012) takes the same window in :func:`rela_local_window_attention`: its global term
+is ReLA's own output N_i = sum_j ReLU(a_ij) v_j with D_i = sum_j ReLU(a_ij) (:func:`.rela.rela`,
+``return_denominator``), so "gate" is g_h local_i + (1 - g_h) N_i and "shared" is
+(sum_{W(i)} exp(a_ij) v_j + gamma_h N_i) / (sum_{W(i)} exp(a_ij) + gamma_h D_i), before ReLA's norm.
+ReLA is quadratic already: the window adds O(T * w * D) to its O(T^2 * D).
 """
 
 from __future__ import annotations
@@ -52,8 +58,9 @@ from torch import Tensor
 
 from ._common import compute_dtype
 from .banded import windowed_softmax
+from .rela import rela
 
-__all__ = ["WINDOW_COMBINES", "local_window_attention"]
+__all__ = ["WINDOW_COMBINES", "local_window_attention", "rela_local_window_attention"]
 
 WINDOW_COMBINES = ("gate", "shared")
 """The ways :func:`local_window_attention` combines the window's softmax with the sliced term."""
@@ -129,3 +136,32 @@ def local_window_attention(
         local, lse = attended
         weight = _shared_weight(lse.to(work), denominator.to(work), mix)
     return torch.lerp(sliced.to(work), local.to(work), weight).to(sliced.dtype)
+
+
+def rela_local_window_attention(
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    mix: Tensor,
+    key_padding_mask: Tensor | None = None,
+    *,
+    window: int,
+    combine: str = "gate",
+    scaling: float | None = None,
+) -> Tensor:
+    """Softmax over the keys within ``window`` of each query, combined with global ReLA (before its norm) by
+    ``combine``: "gate", g_h = ``mix``, with ReLA's output N as the global term; "shared", gamma_h = ``mix``,
+    N and ReLA's total weight D in the shared normaliser (module docstring). query, key, value (B, H, T, D)
+    -> (B, H, T, D) in value's dtype; ``scaling`` (default D^-1/2) scales the scores of both parts.
+    """
+    if combine not in WINDOW_COMBINES:
+        raise ValueError(f"combine={combine!r} is not valid: use one of {list(WINDOW_COMBINES)}")
+    if combine == "gate":
+        numerator = rela(query, key, value, key_padding_mask, scaling=scaling)
+        return local_window_attention(query, key, value, numerator, mix, key_padding_mask, window=window,
+                                      combine=combine, scaling=scaling)
+    numerator, denominator = rela(query, key, value, key_padding_mask, scaling=scaling, return_denominator=True)
+    # N / D, 0 where no key has weight (N is 0 there): the shared normaliser multiplies it back by D.
+    normalised = numerator.to(denominator.dtype) / torch.where(denominator > 0, denominator, 1.0).unsqueeze(-1)
+    return local_window_attention(query, key, value, normalised.to(value.dtype), mix, key_padding_mask,
+                                  window=window, combine=combine, denominator=denominator, scaling=scaling)

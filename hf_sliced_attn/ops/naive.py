@@ -255,10 +255,9 @@ def local_window_reference(
     if gain is not None:
         per_head = gain.double()[:, None, None], mean_weight.double()[:, None, None]
         sliced = per_head[0] * sliced + per_head[1] * value_mean_reference(v, key_padding_mask)
-    mix = mix.double()[:, None, None]
     if combine == "gate":
-        local = windowed_softmax_reference(q, k, v, key_padding_mask, scaling=scaling, sliding_window=window + 1)
-        return (mix * local + (1 - mix) * sliced).to(value.dtype)
+        return _window_combination_reference(q, k, v, sliced, None, mix, key_padding_mask, window=window,
+                                             combine=combine, scaling=scaling).to(value.dtype)
     if s.dim() == 3:
         s, t = s.unsqueeze(2), t.unsqueeze(2)
     everywhere = pair_mask(batch, length, length, key_padding_mask, None, v.device).unsqueeze(2)  # (B, 1, 1, T, T)
@@ -266,13 +265,72 @@ def local_window_reference(
         denominator = ((s[..., :, None] - t[..., None, :]).abs() * everywhere).sum(-1).mean(2)  # (B, H, T)
     else:
         denominator = everywhere.sum(-1).double().expand(batch, heads, 1, length).mean(2)
+    return _window_combination_reference(q, k, v, sliced, denominator, mix, key_padding_mask, window=window,
+                                         combine=combine, scaling=scaling).to(value.dtype)
+
+
+def rela_local_window_reference(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    mix: torch.Tensor,
+    key_padding_mask: torch.Tensor | None = None,
+    *,
+    window: int,
+    combine: str = "gate",
+    scaling: float | None = None,
+) -> torch.Tensor:
+    """Softmax within |i - j| <= ``window`` combined with global ReLA (before its norm), in float64.
+
+    With A = :func:`rela_weights_reference` over every valid key, N_i = sum_j A_ij v_j and D_i = sum_j A_ij:
+
+    * ``combine="gate"``: out_i = g_h softmax_W(a_i) v + (1 - g_h) N_i, g = ``mix`` (H,);
+    * ``combine="shared"``: out_i = (sum_W exp(a_ij) v_j + gamma_h N_i) / (sum_W exp(a_ij) + gamma_h D_i),
+      gamma = ``mix`` (H,), 0 where both sums are 0.
+
+    Shapes: query, key, value (B, H, T, D) -> (B, H, T, D) in value's dtype.
+    """
+    q, k, v = query.double(), key.double(), value.double()
+    weights = rela_weights_reference(q, k, key_padding_mask, scaling=scaling)
+    numerator, denominator = weights @ v, weights.sum(-1)
+    if combine == "gate":
+        return _window_combination_reference(q, k, v, numerator, None, mix, key_padding_mask, window=window,
+                                             combine=combine, scaling=scaling).to(value.dtype)
+    normalised = numerator / torch.where(denominator > 0, denominator, 1.0).unsqueeze(-1)
+    return _window_combination_reference(q, k, v, normalised, denominator, mix, key_padding_mask, window=window,
+                                         combine=combine, scaling=scaling).to(value.dtype)
+
+
+def _window_combination_reference(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    global_term: torch.Tensor,
+    denominator: torch.Tensor | None,
+    mix: torch.Tensor,
+    key_padding_mask: torch.Tensor | None,
+    *,
+    window: int,
+    combine: str,
+    scaling: float | None,
+) -> torch.Tensor:
+    """Softmax within |i - j| <= ``window`` (a_ij = scaling q_i . k_j) combined with a global term S (B, H, T, D),
+    float64 in and out. ``"gate"``: g_h local_i + (1 - g_h) S_i, g = ``mix``. ``"shared"``:
+    (sum_W exp(a_ij) v_j + gamma_h D_i S_i) / (sum_W exp(a_ij) + gamma_h D_i), gamma = ``mix`` and D
+    (B, H, T) the global term's normaliser, written as is (each row's largest score factored out of
+    both sums), 0 where both sums are 0."""
+    batch, _, length, _ = v.shape
+    mix = mix.double()[:, None, None]
+    if combine == "gate":
+        local = windowed_softmax_reference(q, k, v, key_padding_mask, scaling=scaling, sliding_window=window + 1)
+        return mix * local + (1 - mix) * global_term
     scaling = q.shape[-1] ** -0.5 if scaling is None else scaling
     in_window = pair_mask(batch, length, length, key_padding_mask, window + 1, v.device)
     scores = (q @ k.transpose(-1, -2) * scaling).masked_fill(~in_window, float("-inf"))
     # Each row's largest score, factored out of both sums (the ratio does not depend on it).
     top = scores.amax(-1, keepdim=True).nan_to_num(0.0, neginf=0.0).detach()  # (B, H, T, 1)
     weights = torch.exp(scores - top)  # 0 outside the window
-    sliced_weight = mix * torch.exp(-top) * denominator.unsqueeze(-1)
-    numerator = weights @ v + sliced_weight * sliced
-    total = weights.sum(-1, keepdim=True) + sliced_weight
-    return torch.where(total > 0, numerator / torch.where(total > 0, total, 1.0), 0.0).to(value.dtype)
+    global_weight = mix * torch.exp(-top) * denominator.unsqueeze(-1)
+    numerator = weights @ v + global_weight * global_term
+    total = weights.sum(-1, keepdim=True) + global_weight
+    return torch.where(total > 0, numerator / torch.where(total > 0, total, 1.0), 0.0)

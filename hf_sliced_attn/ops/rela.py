@@ -185,7 +185,8 @@ def rela(
     scaling: float | None = None,
     sliding_window: int | None = None,
     block_size: int = 512,
-) -> torch.Tensor:
+    return_denominator: bool = False,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Rectified linear attention: O = (ReLU(Q K^T * scaling) ⊙ M) V, without materialising (Tq, Tk).
 
     Args:
@@ -197,12 +198,17 @@ def rela(
         block_size: queries per block of the torch implementation. Scores exist (B, H, block_size,
             Tk) at a time in the forward and backward passes; sequences up to this length run as
             one block. The CPU kernel tiles by itself (256 x 256 scores per thread) and ignores it.
+        return_denominator: also return each query's total weight D_i = sum_j A_ij (the normaliser
+            the shared normalisation of :mod:`.local_window` needs).
 
     Returns:
-        (B, H, Tq, D) in query's dtype. Queries with no allowed key get 0.
+        (B, H, Tq, D) in query's dtype. Queries with no allowed key get 0. With ``return_denominator``,
+        also D (B, H, Tq) in float32 (float64 for float64 inputs), differentiable in query and key.
     """
     _validate(query, key, value, key_padding_mask, sliding_window, block_size)
     scaling = query.shape[-1] ** -0.5 if scaling is None else float(scaling)
+    if return_denominator:
+        return _with_denominator(query, key, value, key_padding_mask, scaling, sliding_window, block_size)
     if key_padding_mask is not None:
         key_padding_mask = key_padding_mask.to(device=key.device, dtype=torch.bool)
     if query.device.type == "cpu" and rela_cpu.available():
@@ -213,3 +219,21 @@ def rela(
         return _ReLAFunction.apply(query, key, value, key_padding_mask, scaling, sliding_window, block_size)
     q_scaled, key_c, value_c = _prepare(query, key, value, key_padding_mask, scaling)
     return _forward(q_scaled, key_c, value_c, sliding_window, block_size)[0].to(query.dtype)
+
+
+def _with_denominator(
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, key_padding_mask: torch.Tensor | None,
+    scaling: float, sliding_window: int | None, block_size: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """O and D = A 1 in one pass of :func:`rela`: a zero feature appended to the queries and keys leaves
+    every score as it is, and a feature of ones appended to the values makes A's row sums O's last column.
+    Computed in float32 for half inputs, so that D (a sum over every key) cannot overflow."""
+    work = compute_dtype(value.dtype)
+
+    def extended(x: torch.Tensor, fill: float) -> torch.Tensor:
+        x = x.to(work)
+        return torch.cat([x, x.new_full((*x.shape[:-1], 1), fill)], dim=-1)
+
+    out = rela(extended(query, 0.0), extended(key, 0.0), extended(value, 1.0), key_padding_mask,
+               scaling=scaling, sliding_window=sliding_window, block_size=block_size)
+    return out[..., :-1].to(query.dtype), out[..., -1]

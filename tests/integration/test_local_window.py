@@ -1,6 +1,6 @@
-"""``local_window`` end to end: a softmax window combined with sliced ReLU attention on the global layers of
-RoBERTa and ModernBERT, built and initialised on conversion, saved in config.json and reloaded, each layer
-equal to the float64 reference on its own q, k and v; the fold off; the flags and the option's checks."""
+"""``local_window`` end to end: a softmax window combined with sliced ReLU attention, or with ReLA, on the global
+layers of RoBERTa and ModernBERT, built and initialised on conversion, saved in config.json and reloaded, each
+layer equal to the float64 reference on its own q, k and v; the fold off; the flags and the option's checks."""
 
 from __future__ import annotations
 
@@ -20,20 +20,28 @@ import hf_sliced_attn
 from hf_sliced_attn.arguments import add_mechanism_arguments, mechanism_options
 from hf_sliced_attn.attention import observe_attention
 from hf_sliced_attn.conversion.attention_taps import attention_modules
-from hf_sliced_attn.mechanisms import SLICED_RELU
+from hf_sliced_attn.mechanisms import MECHANISMS
+from hf_sliced_attn.mechanisms.local_window import WINDOW_CLASSES, find_window_module, window_attributes
+from hf_sliced_attn.mechanisms.rela import attention as rela_attention
 from hf_sliced_attn.mechanisms.sliced_relu import attention as sliced_attention
 from hf_sliced_attn.mechanisms.sliced_relu import folds_input
 from hf_sliced_attn.models import spec_for
 from hf_sliced_attn.ops import WINDOW_COMBINES
-from hf_sliced_attn.ops.naive import local_window_reference
+from hf_sliced_attn.ops.naive import local_window_reference, rela_local_window_reference
 from tests.helpers.comparisons import relative_error
 from tests.helpers.models import VOCAB, tiny_config
 
 WINDOW = 3
 # Every other option of the sliced attention with the window: the bump kernel, slices, the MLP projection and
-# the output affine (which the shared normaliser applies to the sliced term before combining).
-OPTIONS = [pytest.param({}, id="plain"),
-           pytest.param({"kernel": "bump", "num_slices": 2, "projection": "mlp", "affine_output": True}, id="all")]
+# the output affine (which the shared normaliser applies to the sliced term before combining); and ReLA.
+OPTIONS = [pytest.param(("sliced_relu", {}), id="sliced_relu"),
+           pytest.param(("sliced_relu", {"kernel": "bump", "num_slices": 2, "projection": "mlp",
+                                         "affine_output": True}), id="sliced_relu-all"),
+           pytest.param(("rela", {}), id="rela")]
+# Each mechanism's attention module, the name of the op it combines the window with there, its window modules'
+# attribute prefix.
+COMBINING = {"sliced_relu": (sliced_attention, "local_window_attention", "sliced"),
+             "rela": (rela_attention, "rela_local_window_attention", "rela")}
 INITIAL = {"gate": ("theta", 0.0), "shared": ("rho", math.log(math.expm1(1.0)))}  # g = 1/2; gamma = 1
 
 
@@ -48,13 +56,13 @@ def checkpoint(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPath
     return path
 
 
-def convert(path: Path, **options) -> PreTrainedModel:
-    config = hf_sliced_attn.prepare_config(AutoConfig.from_pretrained(path), "sliced_relu", **options)
+def convert(path: Path, mechanism: str, **options) -> PreTrainedModel:
+    config = hf_sliced_attn.prepare_config(AutoConfig.from_pretrained(path), mechanism, **options)
     return AutoModel.from_pretrained(path, config=config).eval()
 
 
-def window_modules(model: nn.Module, combine: str) -> list[nn.Module]:
-    name = sliced_attention.WINDOW_MODULES[combine][0]
+def window_modules(model: nn.Module, combine: str, mechanism: str = "sliced_relu") -> list[nn.Module]:
+    name = window_attributes(COMBINING[mechanism][2])[combine]
     return [getattr(m, name) for m in attention_modules(model) if hasattr(m, name)]
 
 
@@ -66,11 +74,13 @@ def padded_batch(batch: int = 2, length: int = 13) -> dict[str, torch.Tensor]:
 
 
 @contextmanager
-def recorded_layers(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[dict]]:
+def recorded_layers(monkeypatch: pytest.MonkeyPatch, mechanism: str = "sliced_relu") -> Iterator[list[dict]]:
     """Within the block, each converted layer's attention inputs (from :func:`observe_attention`) with the
-    output of its ``local_window_attention`` call, if it made one."""
+    output of its window-combining op (``local_window_attention``, ``rela_local_window_attention`` before the
+    norm), if it called it."""
     layers: list[dict] = []
-    combine = sliced_attention.local_window_attention
+    attention_module, op_name, _ = COMBINING[mechanism]
+    combine = getattr(attention_module, op_name)
 
     def recording(*args, **kwargs):
         out = combine(*args, **kwargs)
@@ -78,14 +88,19 @@ def recorded_layers(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[dict]]:
         return out
 
     with monkeypatch.context() as patch, observe_attention(lambda **seen: layers.append(seen)):
-        patch.setattr(sliced_attention, "local_window_attention", recording)
+        patch.setattr(attention_module, op_name, recording)
         yield layers
 
 
-def reference_output(seen: dict) -> torch.Tensor:
-    """:func:`local_window_reference` on a layer's observed q, k, v, its scalars and its learned parameters."""
+def reference_output(seen: dict, mechanism: str = "sliced_relu") -> torch.Tensor:
+    """:func:`local_window_reference` (sliced_relu) on a layer's observed q, k, v, its scalars and its learned
+    parameters, or :func:`rela_local_window_reference` (rela) on its q, k, v and window weights."""
     module = seen["module"]
-    window = sliced_attention._window_module(module)
+    window = find_window_module(module, COMBINING[mechanism][2])
+    if mechanism == "rela":
+        return rela_local_window_reference(seen["query"], seen["key"], seen["value"], window().detach(),
+                                           seen["key_padding_mask"], window=window.window, combine=window.combine,
+                                           scaling=seen["scaling"])
     with torch.no_grad():
         query_scalars, key_scalars = module.sliced_projection(seen["query"], seen["key"], seen["key_padding_mask"])
         extra = {}
@@ -104,7 +119,7 @@ def init_calls(model_type: str, combine: str, monkeypatch: pytest.MonkeyPatch) -
     """Within the block, the window modules whose ``init_weights`` ran, each with the module the model's own
     ``_init_weights`` was then initialising (None when called from elsewhere)."""
     pretrained_class = spec_for(model_type).pretrained_class
-    window_class = sliced_attention.WINDOW_MODULES[combine][1]
+    window_class = WINDOW_CLASSES[combine]
     original_init_weights, original_init = pretrained_class._init_weights, window_class.init_weights
     current: list[nn.Module] = []
     calls: list[tuple[nn.Module, nn.Module | None]] = []
@@ -130,17 +145,18 @@ def init_calls(model_type: str, combine: str, monkeypatch: pytest.MonkeyPatch) -
 @pytest.mark.parametrize("options", OPTIONS)
 def test_built_initialised_saved_reloaded_and_equal_to_the_reference(checkpoint, options, combine, tmp_path,
                                                                      monkeypatch):
+    mechanism, options = options
     model_type = AutoConfig.from_pretrained(checkpoint).model_type
     with init_calls(model_type, combine, monkeypatch) as calls:
-        model = convert(checkpoint, local_window=WINDOW, window_combine=combine, **options)
-    modules = window_modules(model, combine)
+        model = convert(checkpoint, mechanism, local_window=WINDOW, window_combine=combine, **options)
+    modules = window_modules(model, combine, mechanism)
     assert len(modules) == (1 if model_type == "modernbert" else 3)  # the global layers
     assert {id(m) for m, _ in calls} == {id(m) for m in modules}
     assert all(initialising is m for m, initialising in calls)  # called by the model's own _init_weights(m)
     parameter, initial = INITIAL[combine]
     assert all(torch.equal(getattr(m, parameter), torch.full((4,), initial)) for m in modules)
     assert all(m.window == WINDOW and m.combine == combine for m in modules)
-    assert set(sliced_attention.WINDOW_MODULES[combine][:1]) <= set(hf_sliced_attn.modules_to_save(model))
+    assert window_attributes(COMBINING[mechanism][2])[combine] in hf_sliced_attn.modules_to_save(model)
 
     with torch.no_grad():  # off their initial values, to see them saved
         for m in modules:
@@ -152,16 +168,33 @@ def test_built_initialised_saved_reloaded_and_equal_to_the_reference(checkpoint,
     reloaded.eval()
     assert not info["missing_keys"] and not info["unexpected_keys"] and not info["mismatched_keys"]
     assert reloaded.config.hf_sliced_attn == saved
-    for before, after in zip(modules, window_modules(reloaded, combine)):
+    for before, after in zip(modules, window_modules(reloaded, combine, mechanism)):
         assert torch.equal(getattr(before, parameter), getattr(after, parameter))
 
-    with torch.no_grad(), recorded_layers(monkeypatch) as layers:
+    with torch.no_grad(), recorded_layers(monkeypatch, mechanism) as layers:
         out = reloaded(**padded_batch()).last_hidden_state
     torch.testing.assert_close(out, model(**padded_batch()).last_hidden_state, rtol=0, atol=0)
     assert len(layers) == len(modules)
     for seen in layers:
         assert seen["sliding_window"] is None and seen["key_padding_mask"] is not None
-        assert relative_error(seen["output"], reference_output(seen)) <= 1e-5
+        assert relative_error(seen["output"], reference_output(seen, mechanism)) <= 1e-5
+
+
+@pytest.mark.parametrize("combine", WINDOW_COMBINES)
+def test_modernbert_local_layers_keep_windowed_rela(combine, monkeypatch):
+    """With ``layers="all"``, ModernBERT's local layers run ReLA within their sliding window as without the
+    option, with no window module; only the global layer combines ReLA with a softmax window."""
+    torch.manual_seed(0)
+    config = hf_sliced_attn.prepare_config(tiny_config("modernbert"), "rela", layers="all",
+                                           local_window=WINDOW, window_combine=combine)
+    model = AutoModel.from_config(config).eval()
+    with torch.no_grad(), recorded_layers(monkeypatch, "rela") as layers:
+        model(**padded_batch())
+    assert [seen["sliding_window"] is None for seen in layers] == [True, False, False]
+    assert ["output" in seen for seen in layers] == [True, False, False]
+    assert relative_error(layers[0]["output"], reference_output(layers[0], "rela")) <= 1e-5
+    window_module = window_attributes("rela")[combine]
+    assert [hasattr(layer.attn, window_module) for layer in model.layers] == [True, False, False]
 
 
 @pytest.mark.parametrize("combine", WINDOW_COMBINES)
@@ -181,7 +214,7 @@ def test_modernbert_local_layers_keep_the_windowed_sliced_kernel(combine, monkey
     assert [seen["sliding_window"] is None for seen in layers] == [True, False, False]
     assert ["output" in seen for seen in layers] == [True, False, False] and len(calls) == 2
     assert relative_error(layers[0]["output"], reference_output(layers[0])) <= 1e-5
-    window_module = sliced_attention.WINDOW_MODULES[combine][0]
+    window_module = window_attributes("sliced")[combine]
     assert [hasattr(layer.attn, window_module) for layer in model.layers] == [True, False, False]
 
 
@@ -227,15 +260,16 @@ def test_the_fold_is_off_with_a_window_and_the_output_is_the_same(combine, monke
         torch.testing.assert_close(model(**batch).last_hidden_state, out, rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("mechanism", ["sliced_relu", "rela"])
 @pytest.mark.parametrize("combine", WINDOW_COMBINES)
-def test_compiles_as_one_graph(combine):
+def test_compiles_as_one_graph(combine, mechanism):
     """torch.compile(fullgraph=True) of a BERT layer with a window: one graph, eager's output and gradients."""
     torch.manual_seed(0)
-    config = hf_sliced_attn.prepare_config(tiny_config("bert", num_hidden_layers=1), "sliced_relu",
+    config = hf_sliced_attn.prepare_config(tiny_config("bert", num_hidden_layers=1), mechanism,
                                            local_window=WINDOW, window_combine=combine)
     model = AutoModel.from_config(config).eval()
     batch = padded_batch(2, 16)
-    window = window_modules(model, combine)[0]
+    window = window_modules(model, combine, mechanism)[0]
 
     def output_and_grad(run):
         model.zero_grad()
@@ -263,19 +297,22 @@ def test_compiles_as_one_graph(combine):
         ({"window_combine": "gate"}, r"window_combine='gate' needs a local window: set local_window to a positive"),
     ],
 )
-def test_bad_options_are_refused(options, message):
+@pytest.mark.parametrize("mechanism", ["sliced_relu", "rela"])
+def test_bad_options_are_refused(options, message, mechanism):
     with pytest.raises(ValueError, match=message):
-        hf_sliced_attn.prepare_config(tiny_config("bert"), "sliced_relu", **options)
+        hf_sliced_attn.prepare_config(tiny_config("bert"), mechanism, **options)
 
 
-def test_without_a_window_the_saved_options_are_those_of_earlier_versions():
+@pytest.mark.parametrize("mechanism", ["sliced_relu", "rela"])
+def test_without_a_window_the_saved_options_are_those_of_earlier_versions(mechanism):
     """local_window=0 (the default) saves neither option: config.json is what earlier versions wrote and load."""
-    assert SLICED_RELU.make_config(local_window=0, window_combine="shared") == SLICED_RELU.make_config()
-    saved = SLICED_RELU.make_config().to_dict()
+    chosen = MECHANISMS[mechanism]
+    assert chosen.make_config(local_window=0, window_combine="shared") == chosen.make_config()
+    saved = chosen.make_config().to_dict()
     assert "local_window" not in saved and "window_combine" not in saved
-    assert hf_sliced_attn.MECHANISMS.config_from_dict(saved) == SLICED_RELU.make_config()
+    assert hf_sliced_attn.MECHANISMS.config_from_dict(saved) == chosen.make_config()
     for combine in ("shared", "gate"):
-        with_window = SLICED_RELU.make_config(local_window=8, window_combine=combine)
+        with_window = chosen.make_config(local_window=8, window_combine=combine)
         assert with_window.to_dict()["window_combine"] == combine  # saved, so a later default cannot change it
         assert hf_sliced_attn.MECHANISMS.config_from_dict(with_window.to_dict()) == with_window
 
@@ -284,9 +321,10 @@ def test_the_flags_come_from_the_options():
     parser = argparse.ArgumentParser()
     add_mechanism_arguments(parser, dashes=True)
     args = parser.parse_args(["--local-window", "16", "--window-combine", "shared"])
-    assert mechanism_options(args, "sliced_relu", dashes=True) == {"local_window": 16, "window_combine": "shared"}
-    with pytest.raises(ValueError, match="--local-window applies to sliced_relu only"):
-        mechanism_options(args, "rela", dashes=True)
+    for mechanism in ("sliced_relu", "rela"):
+        assert mechanism_options(args, mechanism, dashes=True) == {"local_window": 16, "window_combine": "shared"}
+    with pytest.raises(ValueError, match="--local-window applies to sliced_relu, rela only"):
+        mechanism_options(args, None, dashes=True)
     helps = {action.dest: action.help for action in parser._actions}
     assert "2410.10254" in helps["local_window"] and "2506.15545" in helps["local_window"]
     assert "2410.10254" in helps["window_combine"]
@@ -294,10 +332,12 @@ def test_the_flags_come_from_the_options():
         parser.parse_args(["--window-combine", "sum"])
 
 
-def test_the_card_names_the_window():
-    phrases = SLICED_RELU.make_config(local_window=8, window_combine="shared").describe()
+@pytest.mark.parametrize("mechanism", ["sliced_relu", "rela"])
+def test_the_card_names_the_window(mechanism):
+    chosen = MECHANISMS[mechanism]
+    phrases = chosen.make_config(local_window=8, window_combine="shared").describe()
     assert "softmax within 8 tokens of each query, combined by a shared normaliser (LoLCATs)" in phrases
-    assert not any("softmax within" in p for p in SLICED_RELU.make_config().describe())
+    assert not any("softmax within" in p for p in chosen.make_config().describe())
 
 
 @pytest.mark.parametrize("converted, asked", [(0, 4), (4, 0)])

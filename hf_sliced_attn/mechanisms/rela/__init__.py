@@ -1,13 +1,14 @@
 """ReLA, rectified linear attention (Zhang, Titov & Sennrich, EMNLP 2021), as a registered mechanism."""
 
 from ..base import Mechanism, Paper
-from .attention import attend, build_modules
+from ..local_window import window_attributes
+from .attention import WINDOW_PREFIX, attend, build_modules
 from .config import RelaConfig
 from .modules import GatedRMSNorm
 
 RELA = Mechanism(
     config_class=RelaConfig,
-    module_names=("rela_norm",),
+    module_names=("rela_norm", *window_attributes(WINDOW_PREFIX).values()),
     build_modules=build_modules,
     attend=attend,
     title="ReLA (rectified linear attention)",
@@ -17,7 +18,9 @@ RELA = Mechanism(
     description=(
         "ReLU(Q Kᵀ d^-½) V per head instead of the softmax, then a gated RMSNorm over all heads together "
         "(`rela_norm`): scale · x · rsqrt(mean(x²) + ε) · σ(gate ⊙ x). The attention weights are exactly "
-        "sparse, and a head can attend to nothing."
+        "sparse, and a head can attend to nothing. With `local_window` w > 0, each head also attends with the "
+        "checkpoint's softmax to the keys within w of each query, combined with ReLA before the norm by a learned "
+        "per-head gate (`rela_window_gate`) or LoLCATs' shared normaliser (`rela_window_share`)."
     ),
     # convert: measured on all-MiniLM-L6-v2, held-out text of another kind
     # (benchmarks/README.md, "Conversion fidelity");

@@ -1,24 +1,39 @@
-"""ReLA on one converted layer: the op, then its gated RMSNorm over all heads."""
+"""ReLA on one converted layer: the op (with a local window, softmax within it combined per head), then its
+gated RMSNorm over all heads."""
 
 from __future__ import annotations
 
 import torch
 from torch import nn
 
-from ...ops import rela
+from ...ops import rela, rela_local_window_attention
+from ..local_window import build_window_module, find_window_module
 from .config import RelaConfig
 from .modules import GatedRMSNorm
 
+WINDOW_PREFIX = "rela"
+"""The window module's attribute is ``rela_window_gate`` or ``rela_window_share``."""
+
 
 def build_modules(options: RelaConfig, num_heads: int, head_dim: int, local: bool) -> dict[str, nn.Module]:
-    """``rela_norm``, over the H*D features of all heads, on local and global layers alike."""
-    return {"rela_norm": GatedRMSNorm(num_heads * head_dim, eps=options.norm_eps)}
+    """``rela_norm``, over the H*D features of all heads, on local and global layers alike; with a
+    ``local_window``, the module of its ``window_combine`` on global layers."""
+    return ({"rela_norm": GatedRMSNorm(num_heads * head_dim, eps=options.norm_eps)}
+            | build_window_module(options, num_heads, local, WINDOW_PREFIX))
 
 
 def attend(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
            key_padding_mask: torch.Tensor | None, scaling: float | None,
            sliding_window: int | None) -> torch.Tensor:
-    """ReLA, then ``module.rela_norm`` over the concatenated heads: (B, H, T, D) -> (B, T, H, D)."""
-    out = rela(query, key, value, key_padding_mask, scaling=scaling, sliding_window=sliding_window).transpose(1, 2)
+    """ReLA (combined with softmax within the window of the layer's window module, if it has one), then
+    ``module.rela_norm`` over the concatenated heads: (B, H, T, D) -> (B, T, H, D). A local layer
+    (``sliding_window``) has no window module."""
+    window = find_window_module(module, WINDOW_PREFIX)
+    if window is None:
+        out = rela(query, key, value, key_padding_mask, scaling=scaling, sliding_window=sliding_window)
+    else:
+        out = rela_local_window_attention(query, key, value, window(), key_padding_mask, window=window.window,
+                                          combine=window.combine, scaling=scaling)
+    out = out.transpose(1, 2)
     batch, length, heads, head_dim = out.shape
     return module.rela_norm(out.reshape(batch, length, heads * head_dim)).view(batch, length, heads, head_dim)

@@ -1,22 +1,15 @@
 """Sliced ReLU attention (Boufadène & Vialard, arXiv 2512.11411) as a registered mechanism."""
 
 from ..base import InputAttention, Mechanism, Paper
-from .attention import attend, attend_from_input, build_modules, folds_input
+from ..local_window import window_attributes
+from .attention import WINDOW_PREFIX, attend, attend_from_input, build_modules, folds_input
 from .config import SlicedReluConfig
-from .modules import (
-    SlicedBandwidth,
-    SlicedMLPProjection,
-    SlicedOutputAffine,
-    SlicedProjection,
-    SlicedWindowGate,
-    SlicedWindowShare,
-)
+from .modules import SlicedBandwidth, SlicedMLPProjection, SlicedOutputAffine, SlicedProjection
 
 SLICED_RELU = Mechanism(
     config_class=SlicedReluConfig,
-    module_names=(
-        "sliced_projection", "sliced_bandwidth", "sliced_output", "sliced_window_gate", "sliced_window_share"
-    ),
+    module_names=("sliced_projection", "sliced_bandwidth", "sliced_output",
+                  *window_attributes(WINDOW_PREFIX).values()),
     build_modules=build_modules,
     attend=attend,
     input_attention=InputAttention(applies=folds_input, attend=attend_from_input),
@@ -58,6 +51,4 @@ __all__ = [
     "SlicedOutputAffine",
     "SlicedProjection",
     "SlicedReluConfig",
-    "SlicedWindowGate",
-    "SlicedWindowShare",
 ]

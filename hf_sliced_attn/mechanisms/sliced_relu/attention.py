@@ -13,21 +13,12 @@ from ...ops import (
     windowed_sliced_relu,
     windowed_sliced_relu_bump,
 )
+from ..local_window import build_window_module, find_window_module
 from .config import SlicedReluConfig
-from .modules import (
-    SlicedBandwidth,
-    SlicedMLPProjection,
-    SlicedOutputAffine,
-    SlicedProjection,
-    SlicedWindowGate,
-    SlicedWindowShare,
-)
+from .modules import SlicedBandwidth, SlicedMLPProjection, SlicedOutputAffine, SlicedProjection
 
-WINDOW_MODULES = {
-    "gate": ("sliced_window_gate", SlicedWindowGate),
-    "shared": ("sliced_window_share", SlicedWindowShare),
-}
-"""``window_combine`` -> the attribute and class of the module that holds its per-head weights."""
+WINDOW_PREFIX = "sliced"
+"""The window module's attribute is ``sliced_window_gate`` or ``sliced_window_share``."""
 
 
 def build_modules(options: SlicedReluConfig, num_heads: int, head_dim: int, local: bool) -> dict[str, nn.Module]:
@@ -40,19 +31,7 @@ def build_modules(options: SlicedReluConfig, num_heads: int, head_dim: int, loca
         modules["sliced_bandwidth"] = SlicedBandwidth(num_heads, options.num_slices)
     if options.affine_output:
         modules["sliced_output"] = SlicedOutputAffine(num_heads)
-    if options.local_window > 0 and not local:
-        name, window_class = WINDOW_MODULES[options.window_combine]
-        modules[name] = window_class(num_heads, options.local_window)
-    return modules
-
-
-def _window_module(module: nn.Module) -> SlicedWindowGate | SlicedWindowShare | None:
-    """The layer's local-window module (``local_window`` > 0), or None."""
-    for name, _ in WINDOW_MODULES.values():
-        window = getattr(module, name, None)
-        if window is not None:
-            return window
-    return None
+    return modules | build_window_module(options, num_heads, local, WINDOW_PREFIX)
 
 
 def attend(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
@@ -65,7 +44,7 @@ def attend(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: tor
     otherwise ``scaling`` is unused (the kernels act on the projected scalars only). A local layer
     (``sliding_window``) runs the windowed sliced kernel; it has no local-window module."""
     query_scalars, key_scalars = module.sliced_projection(query, key, key_padding_mask)
-    window = _window_module(module)
+    window = find_window_module(module, WINDOW_PREFIX)
     if window is None:
         return _attend_scalars(module, query_scalars, key_scalars, value, key_padding_mask, sliding_window)
     shared = window.combine == "shared"
@@ -80,7 +59,7 @@ def attend(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: tor
 def folds_input(module: nn.Module, query: nn.Linear, key: nn.Linear, num_tokens: int) -> bool:
     """Whether :func:`attend_from_input` costs less than :func:`attend` after ``query`` and ``key`` on this layer.
     Never with a local window: its softmax needs q and k themselves."""
-    if _window_module(module) is not None:
+    if find_window_module(module, WINDOW_PREFIX) is not None:
         return False
     return module.sliced_projection.folds(num_tokens, query.in_features)
 

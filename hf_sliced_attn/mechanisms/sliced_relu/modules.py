@@ -4,15 +4,14 @@
 paper's, or :class:`SlicedMLPProjection`, the authors' code's); ``sliced_bandwidth``
 (:class:`SlicedBandwidth`, with ``kernel="bump"``) holds the bump kernel's bandwidths;
 ``sliced_output`` (:class:`SlicedOutputAffine`, with ``affine_output=True``) puts back a gain
-and the mean value; with ``local_window`` w > 0, ``sliced_window_gate`` (:class:`SlicedWindowGate`)
-or ``sliced_window_share`` (:class:`SlicedWindowShare`) holds the per-head weights that combine
-softmax within the window with the sliced attention.
+and the mean value. With ``local_window`` w > 0, ``sliced_window_gate`` or ``sliced_window_share``
+(:mod:`..local_window`) holds the per-head weights that combine softmax within the window with the
+sliced attention.
 """
 
 from __future__ import annotations
 
 import functools
-import math
 from collections.abc import Callable
 
 import torch
@@ -246,58 +245,3 @@ class SlicedOutputAffine(PluginModule):
 
     def extra_repr(self) -> str:
         return f"num_heads={self.num_heads}"
-
-
-class SlicedWindowGate(PluginModule):
-    """The gate between a layer's local softmax window and its sliced attention (``window_combine="gate"``):
-    out = g_h * softmax_window + (1 - g_h) * sliced, g_h = sigmoid(theta_h), one per head.
-
-    ``theta`` is (H,) and starts at 0, g = 1/2: neither part dominates at first, and the sigmoid's
-    slope is largest there (1/4), so each head's gate moves fastest towards whichever part the
-    training pulls it. ``window`` w is the softmax's reach, |i - j| <= w. ``forward()`` returns g (H,).
-    """
-
-    combine = "gate"
-
-    def __init__(self, num_heads: int, window: int) -> None:
-        super().__init__()
-        self.num_heads, self.window = num_heads, window
-        self.theta = nn.Parameter(torch.empty(num_heads))
-
-    def init_weights(self, initializer_range: float) -> None:
-        init.zeros_(self.theta)
-
-    def forward(self) -> torch.Tensor:
-        return torch.sigmoid(self.theta)
-
-    def extra_repr(self) -> str:
-        return f"num_heads={self.num_heads}, window={self.window}"
-
-
-class SlicedWindowShare(PluginModule):
-    """The weight of the sliced attention in a shared normaliser with the local softmax window
-    (``window_combine="shared"``, LoLCATs, arXiv 2410.10254):
-    out_i = (sum_window exp(a_ij) v_j + gamma_h D_i S_i) / (sum_window exp(a_ij) + gamma_h D_i),
-    gamma_h = softplus(rho_h), one per head (S_i the sliced output, D_i its normaliser).
-
-    ``rho`` is (H,) and starts at log(e - 1), gamma = 1: the two unnormalised sums added as they
-    are, the formula without a reweighting. The softplus keeps gamma positive. ``window`` w is the
-    softmax's reach, |i - j| <= w. ``forward()`` returns gamma (H,).
-    """
-
-    combine = "shared"
-    INITIAL_RHO = math.log(math.expm1(1.0))  # softplus(rho) = 1
-
-    def __init__(self, num_heads: int, window: int) -> None:
-        super().__init__()
-        self.num_heads, self.window = num_heads, window
-        self.rho = nn.Parameter(torch.empty(num_heads))
-
-    def init_weights(self, initializer_range: float) -> None:
-        init.constant_(self.rho, self.INITIAL_RHO)
-
-    def forward(self) -> torch.Tensor:
-        return nn.functional.softplus(self.rho)
-
-    def extra_repr(self) -> str:
-        return f"num_heads={self.num_heads}, window={self.window}"
