@@ -23,7 +23,13 @@ unless ``--output``), with the command, commit, date, versions, CPU and threads.
     python benchmarks/bench_conversion.py --variants rela --convert_args "--steps 2 --stage2-steps 0" --output /tmp/c
 
 ``sliced_relu`` and ``rela`` are the converter's defaults (no tuning flag); the others set the flags
-they list, and each changes one thing from a default.
+they list, and each changes one thing from a default. The ``*_paragraphs`` variants (issue #24) change the training
+text instead: they train on whole paragraphs of standard-library docstrings alone
+(``train_docstring_paragraphs.txt``, from modules disjoint from those of the tuning texts), connected text as long as
+the long tuning text, in place of the glosses and the shipped sentences; their flags are those of the variant they
+are named after.
+
+    python benchmarks/bench_conversion.py --variants rela_paragraphs,sliced_relu_window16_all_layers_paragraphs
 """
 
 from __future__ import annotations
@@ -47,6 +53,9 @@ AFTERWARDS = {"tuning_long": DATA / "tuning_docstring_paragraphs.txt", "reportin
 """The texts measured on the converted folder: the long tuning text, and the reporting text, never used to choose a
 setting (see ``benchmarks/data/build_quality_data.py``)."""
 
+PARAGRAPHS = DATA / "train_docstring_paragraphs.txt"
+"""Training text of the ``*_paragraphs`` variants: whole docstring paragraphs of modules apart from the tuning texts'."""
+
 OLD_SCHEDULE = ["--lora-r", "8", "--lora-alpha", "16", "--steps", "300", "--stage2-steps", "0",
                 "--keep-softmax-layers", "0"]
 
@@ -67,29 +76,47 @@ VARIANTS = {
 }
 """Name -> (mechanism, flags). ``*_former_defaults`` are the converter's defaults before this ablation;
 ``*_packed`` train on the training lines joined into rows of up to 128 tokens (the default ``--max-length``), for
-the long tuning text (issue #24)."""
+the long tuning text (issue #24); ``*_paragraphs`` (added below) train on :data:`PARAGRAPHS` alone, with the flags of
+the variant they are named after (issue #24)."""
+PARAGRAPH_VARIANTS = ("rela", "sliced_relu_window16_all_layers", "sliced_relu_window4_all_layers")
+"""The variants also run trained on :data:`PARAGRAPHS`, as ``<name>_paragraphs``."""
+VARIANTS.update({f"{name}_paragraphs": VARIANTS[name] for name in PARAGRAPH_VARIANTS})
 
 
 def convert_variant(name: str, mechanism: str, flags: list[str], work: Path) -> dict:
     """One ``hf-sliced-attn convert`` run with ``flags``; the fidelity it reports after the conversion."""
-    output = work / name
-    shipped = files("hf_sliced_attn") / "data" / "text" / "convert_train.txt"
-    text = [write_training_sentences(work / "glosses.txt"), shipped]
-    command = [sys.executable, "-m", "hf_sliced_attn.cli", "convert", "--model", str(minilm_folder()),
-               "--attn", mechanism, "--text", *map(str, text), "--heldout-text", str(HELDOUT), "--output", str(output),
-               *flags]
+    output, text = work / name, training_text(name, work)
+    command = convert_command(mechanism, flags, text, output)
     print(" ".join(command[1:]), flush=True)
     cpu_before = _children_cpu_s()
     _, command_s = timed(lambda: subprocess.run(command, check=True))
     cpu_s = _children_cpu_s() - cpu_before
     report = json.loads((output / "fidelity.json").read_text())
-    row = {"variant": name, "flags": " ".join(flags) or "(defaults)", "converted_layers": report["converted_layers"],
+    row = {"variant": name, "flags": " ".join(flags) or "(defaults)",
+           "training_text": [path.name for path in text], "converted_layers": report["converted_layers"],
            "embedding_cosine": report["embedding_cosine"]["after"], "pairwise_spearman": report["pairwise_spearman"]["after"]}
-    for text, measured in fidelity_afterwards(output, report["training"]["max_length"]).items():
-        row.update({f"{text}_embedding_cosine": measured["embedding_cosine"],
-                    f"{text}_pairwise_spearman": measured["pairwise_spearman"]})
+    for kind, measured in fidelity_afterwards(output, report["training"]["max_length"]).items():
+        row.update({f"{kind}_embedding_cosine": measured["embedding_cosine"],
+                    f"{kind}_pairwise_spearman": measured["pairwise_spearman"]})
     print(markdown_row(row), flush=True)
     return {**row, "transfer_time_s": report["wall_time_s"], "command_time_s": command_s, "command_cpu_time_s": cpu_s}
+
+
+def training_text(name: str, work: Path) -> list[Path]:
+    """The ``--text`` files of variant ``name``: :data:`PARAGRAPHS` for a ``*_paragraphs`` variant, else the
+    WordNet glosses (written into ``work``) and the shipped sentences."""
+    if name.endswith("_paragraphs"):
+        return [PARAGRAPHS]
+    return [write_training_sentences(work / "glosses.txt"),
+            Path(str(files("hf_sliced_attn") / "data" / "text" / "convert_train.txt"))]
+
+
+def convert_command(mechanism: str, flags: list[str], text: list[Path], output: Path) -> list[str]:
+    """The ``hf-sliced-attn convert`` command of all-MiniLM-L6-v2 to ``mechanism`` trained on ``text``, with the
+    tuning text's first sentences held out, writing into ``output``."""
+    return [sys.executable, "-m", "hf_sliced_attn.cli", "convert", "--model", str(minilm_folder()),
+            "--attn", mechanism, "--text", *map(str, text), "--heldout-text", str(HELDOUT), "--output", str(output),
+            *flags]
 
 
 def _children_cpu_s() -> float:

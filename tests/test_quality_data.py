@@ -102,3 +102,59 @@ def test_the_long_tuning_text_is_docstring_paragraphs_apart_from_the_reporting_t
     assert not reporting & {normalise(line) for line in lines}
     short = (DATA / "heldout_docstrings.txt").read_text(encoding="utf-8").splitlines()
     assert sorted(map(len, lines))[150] >= 3 * sorted(map(len, short))[150]
+
+
+def read_lines(name):
+    return (DATA / name).read_text(encoding="utf-8").splitlines()
+
+
+def test_the_training_paragraphs_share_no_passage_or_sentence_with_the_other_texts(splits):
+    """train_docstring_paragraphs.txt (issue #24): connected text to train a conversion on, kept under the rules of
+    the tuning paragraphs, and none of it in the glosses, the tuning texts or the reporting text."""
+    from benchmarks.data.build_quality_data import sentences
+
+    lines = read_lines("train_docstring_paragraphs.txt")
+    assert 300 <= len(lines) <= 3000 and len(set(map(normalise, lines))) == len(lines)
+    assert all(line.isascii() and line[0].isupper() and 30 <= len(line.split()) <= 150 and line.endswith(".")
+               and ">>>" not in line for line in lines)
+    held_out = [*read_lines("heldout_docstrings.txt"), *read_lines("tuning_docstring_paragraphs.txt"),
+                *read_lines("reporting_reference.txt")]
+    glosses = {normalise(s) for rows in splits.values() for s, _ in rows}
+    assert not {normalise(line) for line in lines} & ({normalise(line) for line in held_out} | glosses)
+    held_out_sentences = {s for passage in held_out for s in sentences(passage)}
+    assert not [line for line in lines if held_out_sentences & set(sentences(line))]
+    short = read_lines("heldout_docstrings.txt")
+    assert sorted(map(len, lines))[len(lines) // 2] >= 3 * sorted(map(len, short))[150]
+    assert "`train_docstring_paragraphs.txt` | " + str(len(lines)) in (DATA / "LICENSE.md").read_text()
+
+
+PROVENANCE = """
+import json, sys
+sys.path.insert(0, sys.argv[1])
+import build_quality_data as b
+read = lambda name: open(f"{sys.argv[2]}/{name}", encoding="utf-8").read().splitlines()
+training = set(map(b.normalise, read("train_docstring_paragraphs.txt")))
+contributing = b.contributing_modules(read("heldout_docstrings.txt"), read("tuning_docstring_paragraphs.txt"))
+modules = sorted(set(b.stdlib_modules()) | set(b.stdlib_submodules()))
+prose = {m: set(map(b.normalise, b.module_paragraphs(m) + b.kept_paragraphs(b.own_docstrings(m)))) for m in modules}
+print(json.dumps({"contributing": contributing,
+                  "training_modules": sorted(m for m in modules if prose[m] & training),
+                  "unplaced": len(training - set().union(*prose.values()))}))
+"""
+
+
+def test_the_training_paragraphs_come_from_modules_apart_from_those_of_the_tuning_texts():
+    """Disjoint by module: no paragraph of the training text is prose (a docstring paragraph) of a module that gave a
+    passage to heldout_docstrings.txt or tuning_docstring_paragraphs.txt. Run in a subprocess: it imports the
+    standard library."""
+    import json
+    import subprocess
+    import sys
+
+    result = subprocess.run([sys.executable, "-c", PROVENANCE, str(DATA.parent), str(DATA)], capture_output=True,
+                            text=True, check=True)
+    found = json.loads(result.stdout.strip().splitlines()[-1])
+    assert len(found["contributing"]) > 100  # the tuning texts drew on most top-level modules
+    assert not set(found["contributing"]) & set(found["training_modules"])
+    if "CPython " + ".".join(map(str, sys.version_info[:3])) in (DATA / "LICENSE.md").read_text():
+        assert found["unplaced"] == 0 and len(found["training_modules"]) > 50  # the interpreter that built it

@@ -72,7 +72,20 @@ script and the seed: running it twice gives the same bytes.
    period last, ASCII, no doctest prompt), none equal to a reporting paragraph, taken round-robin
    over the modules until ``REPORTING_PASSAGES``.
 
-5. ``LICENSE.md``: the WordNet 3.0 license (quoted from the header of ``data.noun``), the PSF
+5. **Training paragraphs for the conversion** (``train_docstring_paragraphs.txt``, issue #24): connected text as
+   long as the long tuning text, to train the attention transfer on instead of the short glosses. Whole docstring
+   paragraphs under the rules of 4 (``kept_paragraphs``), from modules disjoint from every module that gave a
+   passage to 2 or 4: the modules of 2 that contributed none (none of them holds a paragraph) and the public
+   submodules of the packages among them (``pkgutil.walk_packages``, every dotted component public, no test
+   package; not ``distutils``, which resolves to setuptools' copy where setuptools is installed). To have text
+   enough, a module's docstrings here also take the public methods and properties of its classes, and each is
+   the object's own docstring, never one inherited from a base class (``inspect.getdoc`` would lend prose of the
+   tuning modules, such as ``codecs``', to the ``encodings`` submodules). Left out: every paragraph of a
+   contributing module, any paragraph equal to a gloss and any that shares a sentence with a passage of 2, 3 or
+   4. Taken round-robin over the modules, every one of them up to ``TRAINING_PASSAGES``: Python 3.11 gives 344
+   paragraphs from 74 modules, far from the cap, because the tuning texts drew on nearly every top-level module.
+
+6. ``LICENSE.md``: the WordNet 3.0 license (quoted from the header of ``data.noun``), the PSF
    license of the docstrings and the reference, how the files were built (this command, the WordNet package
    version, the SHA-256 of ``data.noun``, the Python version) and the class counts.
 """
@@ -86,6 +99,7 @@ import hashlib
 import importlib
 import inspect
 import io
+import pkgutil
 import random
 import re
 import subprocess
@@ -201,14 +215,21 @@ def first_sentence(doc: str | None) -> str | None:
     return None
 
 
-def module_docstrings(name: str) -> list[str]:
-    """The docstrings of module ``name``: its own, then those of its public classes and functions defined in it,
-    by name (``inspect.getdoc``); none for a module that cannot be imported here."""
+def import_quietly(name: str):
+    """Module ``name``, imported with its warnings and output silenced; None when it cannot be imported here."""
     try:
         with warnings.catch_warnings(), redirect_stdout(io.StringIO()), redirect_stderr(io.StringIO()):
             warnings.simplefilter("ignore")
-            module = importlib.import_module(name)
+            return importlib.import_module(name)
     except Exception:  # noqa: BLE001 - platform-specific or optional modules
+        return None
+
+
+def module_docstrings(name: str) -> list[str]:
+    """The docstrings of module ``name``: its own, then those of its public classes and functions defined in it,
+    by name (``inspect.getdoc``); none for a module that cannot be imported here."""
+    module = import_quietly(name)
+    if module is None:
         return []
     docs = [inspect.getdoc(module)]
     for attr in sorted(vars(module)):
@@ -232,8 +253,14 @@ def module_passages(name: str) -> list[str]:
 
 def module_paragraphs(name: str) -> list[str]:
     """The whole paragraphs of ``name``'s docstrings that :func:`build_docstring_paragraphs` keeps."""
+    return kept_paragraphs(module_docstrings(name))
+
+
+def kept_paragraphs(docs: list[str]) -> list[str]:
+    """The paragraphs of ``docs`` (split at blank lines, whitespace collapsed) of ``REPORTING_MIN_WORDS`` to
+    ``REPORTING_MAX_WORDS`` words, a capital first, a period last, ASCII, no doctest prompt; each once."""
     kept = []
-    for doc in module_docstrings(name):
+    for doc in docs:
         for paragraph in doc.split("\n\n"):
             paragraph = " ".join(paragraph.split())
             if (REPORTING_MIN_WORDS <= len(paragraph.split()) <= REPORTING_MAX_WORDS and paragraph[0].isupper()
@@ -243,18 +270,22 @@ def module_paragraphs(name: str) -> list[str]:
     return kept
 
 
-def round_robin(per_source: list[list[str]], count: int, exclude: set[str], what: str) -> list[str]:
+def round_robin(per_source: list[list[str]], count: int, exclude: set[str], what: str,
+                required: bool = True) -> list[str]:
     """``count`` distinct passages, the first of every source, then the second, ..., skipping any whose
-    normalised text is in ``exclude`` or already taken: the text covers all sources, not a few large ones."""
+    normalised text is in ``exclude`` or already taken: the text covers all sources, not a few large ones.
+    Fewer than ``count`` is an error unless ``required`` is false (then every passage, up to ``count``)."""
     taken: list[str] = []
     seen = set(exclude)
-    for depth in range(max(map(len, per_source))):
+    for depth in range(max(map(len, per_source), default=0)):
         for passages in per_source:
             if depth < len(passages) and normalise(passages[depth]) not in seen:
                 seen.add(normalise(passages[depth]))
                 taken.append(passages[depth])
                 if len(taken) == count:
                     return taken
+    if not required:
+        return taken
     raise SystemExit(f"Only {len(taken)} {what} found, {count} needed.")
 
 
@@ -269,6 +300,89 @@ def build_docstrings(exclude: set[str]) -> list[str]:
 def build_docstring_paragraphs(exclude: set[str]) -> list[str]:
     return round_robin([module_paragraphs(m) for m in stdlib_modules()], REPORTING_PASSAGES, exclude,
                        "docstring paragraphs")
+
+
+# ----------------------------------------------------------------------------- training paragraphs
+TRAINING_PASSAGES = 3000
+"""At most this many training paragraphs (``train_docstring_paragraphs.txt``)."""
+TRAINING_EXCLUDED_PACKAGES = {"distutils"}
+"""Resolved to setuptools' copy (``_distutils_hack``) where setuptools is installed: not this interpreter's text."""
+
+
+def stdlib_submodules() -> list[str]:
+    """The public submodules (every dotted component public, none a test package) of the packages among
+    :func:`stdlib_modules`, found with ``pkgutil.walk_packages``, sorted."""
+    names = []
+    for top in stdlib_modules():
+        package = None if top in TRAINING_EXCLUDED_PACKAGES else import_quietly(top)
+        if package is None or not hasattr(package, "__path__"):
+            continue
+        with warnings.catch_warnings(), redirect_stdout(io.StringIO()), redirect_stderr(io.StringIO()):
+            warnings.simplefilter("ignore")
+            found = [info.name for info in pkgutil.walk_packages(package.__path__, top + ".", onerror=lambda _: None)]
+        names += [name for name in found if not any(
+            part.startswith("_") or part in ("test", "tests") or part.startswith("test_") for part in name.split("."))]
+    return sorted(names)
+
+
+def own_doc(obj) -> str | None:
+    """``obj``'s own docstring, cleaned; unlike ``inspect.getdoc`` never one inherited from a base class (of a
+    module that may have contributed to the tuning texts)."""
+    doc = vars(obj).get("__doc__") if inspect.isclass(obj) else getattr(obj, "__doc__", None)
+    return inspect.cleandoc(doc) if isinstance(doc, str) else None
+
+
+def own_docstrings(name: str) -> list[str]:
+    """The own docstrings of module ``name``: its own, those of its public classes and functions defined in it
+    (as :func:`module_docstrings`), and those of the public methods and properties each of those classes defines."""
+    module = import_quietly(name)
+    if module is None:
+        return []
+    docs = [own_doc(module)]
+    for attr in sorted(vars(module)):
+        obj = vars(module)[attr]
+        if attr.startswith("_") or not (inspect.isclass(obj) or inspect.isfunction(obj) or inspect.isbuiltin(obj)):
+            continue
+        if getattr(obj, "__module__", None) != name:
+            continue
+        docs.append(own_doc(obj))
+        members = sorted(vars(obj).items()) if inspect.isclass(obj) else []
+        for member_name, member in members:
+            member = member.__func__ if isinstance(member, (staticmethod, classmethod)) else member
+            if not member_name.startswith("_") and (inspect.isfunction(member) or isinstance(member, property)
+                                                    or inspect.ismethoddescriptor(member)):
+                docs.append(own_doc(member))
+    return [doc for doc in docs if doc]
+
+
+def sentences(passage: str) -> list[str]:
+    return [normalise(s) for s in SENTENCE_END.split(passage)]
+
+
+def contributing_modules(docstrings: list[str], paragraphs: list[str]) -> list[str]:
+    """The modules of :func:`stdlib_modules` with a first sentence in ``docstrings`` or a paragraph in
+    ``paragraphs`` (a passage two modules share counts for both)."""
+    short, long = set(map(normalise, docstrings)), set(map(normalise, paragraphs))
+    return [m for m in stdlib_modules()
+            if short & set(map(normalise, module_passages(m))) or long & set(map(normalise, module_paragraphs(m)))]
+
+
+def build_training_paragraphs(glosses: set[str], docstrings: list[str], reference: list[str],
+                              paragraphs: list[str]) -> tuple[list[str], int]:
+    """Whole docstring paragraphs to train a conversion on (issue #24), and how many modules gave them. The modules are
+    :func:`stdlib_modules` and :func:`stdlib_submodules` less :func:`contributing_modules` (those of the tuning texts);
+    a module's passages are the paragraphs of :func:`own_docstrings` kept by :func:`kept_paragraphs`. Left out: any
+    paragraph of a contributing module, one equal to a gloss (normalised) and one sharing a sentence with a tuning or
+    reporting passage. Round-robin over the modules, at most ``TRAINING_PASSAGES``."""
+    contributing = contributing_modules(docstrings, paragraphs)
+    modules = sorted(set(stdlib_modules()) - set(contributing) | set(stdlib_submodules()))
+    exclude = set(glosses)
+    for module in contributing:
+        exclude |= set(map(normalise, module_paragraphs(module) + kept_paragraphs(own_docstrings(module))))
+    held_out = {sentence for passage in docstrings + reference + paragraphs for sentence in sentences(passage)}
+    per_module = [[p for p in kept_paragraphs(own_docstrings(m)) if not held_out & set(sentences(p))] for m in modules]
+    training = round_robin(per_module, TRAINING_PASSAGES, exclude, "training paragraphs", required=False)
+    return training, sum(1 for passages in per_module if set(passages) & set(training))
 
 
 # ----------------------------------------------------------------------------- the language reference
@@ -306,7 +420,7 @@ def package_version(name: str) -> str:
         return "unknown"
 
 
-def license_note(data_noun: Path, counts: dict, seed: int) -> str:
+def license_note(data_noun: Path, counts: dict, seed: int, training: int) -> str:
     digest = hashlib.sha256(data_noun.read_bytes()).hexdigest()
     python = ".".join(map(str, sys.version_info[:3]))
     table = "\n".join(f"| {label} | {c['synsets']} | {c['candidates']} | 400 / 100 / 100 / 500 |"
@@ -325,6 +439,7 @@ it again gives the same files.
 | `test_large.csv` | 2000 | same, held out: final figures only (the next 500 definitions of each class) |
 | `heldout_docstrings.txt` | {HELDOUT_PASSAGES} | first sentences of Python {python} standard-library docstrings (conversion: tuning text) |
 | `tuning_docstring_paragraphs.txt` | {REPORTING_PASSAGES} | whole paragraphs of Python {python} standard-library docstrings (conversion: long tuning text) |
+| `train_docstring_paragraphs.txt` | {training} | whole paragraphs of Python {python} standard-library docstrings from modules disjoint from those of the two tuning files (conversion: training text, issue #24) |
 | `reporting_reference.txt` | {REPORTING_PASSAGES} | paragraphs of the Python {python} Language Reference, `pydoc_data.topics` (conversion: reporting text, never used for choosing) |
 
 Inputs: Debian package `wordnet-base` {package_version('wordnet-base')}, `data.noun` SHA-256
@@ -355,7 +470,7 @@ Reference: George A. Miller (1995). WordNet: A Lexical Database for English.
 Communications of the ACM 38(11): 39-41. Christiane Fellbaum (1998, ed.) WordNet: An
 Electronic Lexical Database. Cambridge, MA: MIT Press.
 
-## Python Software Foundation License (`heldout_docstrings.txt`, `tuning_docstring_paragraphs.txt`, `reporting_reference.txt`)
+## Python Software Foundation License (`heldout_docstrings.txt`, `tuning_docstring_paragraphs.txt`, `train_docstring_paragraphs.txt`, `reporting_reference.txt`)
 
 The passages are excerpts of the docstrings of the CPython {python} standard library and of the
 Python Language Reference as it ships with CPython {python} (`pydoc_data.topics`),
@@ -391,12 +506,14 @@ def main(argv: list[str] | None = None) -> None:
     (args.output / "reporting_reference.txt").write_text("\n".join(reference) + "\n", encoding="utf-8")
     paragraphs = build_docstring_paragraphs(exclude={normalise(r) for r in reference})
     (args.output / "tuning_docstring_paragraphs.txt").write_text("\n".join(paragraphs) + "\n", encoding="utf-8")
-    (args.output / "LICENSE.md").write_text(license_note(data_noun, counts, args.seed), encoding="utf-8")
+    training, modules = build_training_paragraphs(glosses, docstrings, reference, paragraphs)
+    (args.output / "train_docstring_paragraphs.txt").write_text("\n".join(training) + "\n", encoding="utf-8")
+    (args.output / "LICENSE.md").write_text(license_note(data_noun, counts, args.seed, len(training)), encoding="utf-8")
     for label, c in sorted(counts.items()):
         print(f"{label:20s} synsets {c['synsets']:6d}  usable {c['candidates']:6d}")
     print(f"wrote {', '.join(f'{n} {len(r)}' for n, r in splits.items())}, "
           f"{len(docstrings)} docstring passages, {len(reference)} reference paragraphs, {len(paragraphs)} docstring "
-          f"paragraphs to {args.output}")
+          f"paragraphs, {len(training)} training paragraphs from {modules} modules to {args.output}")
 
 
 if __name__ == "__main__":
