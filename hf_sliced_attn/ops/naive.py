@@ -255,9 +255,6 @@ def local_window_reference(
     if gain is not None:
         per_head = gain.double()[:, None, None], mean_weight.double()[:, None, None]
         sliced = per_head[0] * sliced + per_head[1] * value_mean_reference(v, key_padding_mask)
-    if combine == "gate":
-        return _window_combination_reference(q, k, v, sliced, None, mix, key_padding_mask, window=window,
-                                             combine=combine, scaling=scaling).to(value.dtype)
     if s.dim() == 3:
         s, t = s.unsqueeze(2), t.unsqueeze(2)
     everywhere = pair_mask(batch, length, length, key_padding_mask, None, v.device).unsqueeze(2)  # (B, 1, 1, T, T)
@@ -293,11 +290,10 @@ def rela_local_window_reference(
     q, k, v = query.double(), key.double(), value.double()
     weights = rela_weights_reference(q, k, key_padding_mask, scaling=scaling)
     numerator, denominator = weights @ v, weights.sum(-1)
-    if combine == "gate":
-        return _window_combination_reference(q, k, v, numerator, None, mix, key_padding_mask, window=window,
-                                             combine=combine, scaling=scaling).to(value.dtype)
-    normalised = numerator / torch.where(denominator > 0, denominator, 1.0).unsqueeze(-1)
-    return _window_combination_reference(q, k, v, normalised, denominator, mix, key_padding_mask, window=window,
+    # The gate mixes N itself; the shared normaliser takes N / D with D (0 where no key has weight).
+    global_term = (numerator if combine == "gate"
+                   else numerator / torch.where(denominator > 0, denominator, 1.0).unsqueeze(-1))
+    return _window_combination_reference(q, k, v, global_term, denominator, mix, key_padding_mask, window=window,
                                          combine=combine, scaling=scaling).to(value.dtype)
 
 
@@ -306,7 +302,7 @@ def _window_combination_reference(
     k: torch.Tensor,
     v: torch.Tensor,
     global_term: torch.Tensor,
-    denominator: torch.Tensor | None,
+    denominator: torch.Tensor,
     mix: torch.Tensor,
     key_padding_mask: torch.Tensor | None,
     *,
@@ -318,7 +314,7 @@ def _window_combination_reference(
     float64 in and out. ``"gate"``: g_h local_i + (1 - g_h) S_i, g = ``mix``. ``"shared"``:
     (sum_W exp(a_ij) v_j + gamma_h D_i S_i) / (sum_W exp(a_ij) + gamma_h D_i), gamma = ``mix`` and D
     (B, H, T) the global term's normaliser, written as is (each row's largest score factored out of
-    both sums), 0 where both sums are 0."""
+    both sums), 0 where both sums are 0; the gate does not read D."""
     batch, _, length, _ = v.shape
     mix = mix.double()[:, None, None]
     if combine == "gate":
