@@ -20,6 +20,8 @@ user starts fine-tuning. Contenders:
   linear slice per head, no affine output);
 * ``sliced_relu_converted``: ``prepare_config(config, "sliced_relu", num_slices=4, projection="mlp",
   affine_output=True)``, the options ``hf-sliced-attn convert`` and the recipe's transfer build;
+* ``sliced_relu_converted_window4``: the same with ``local_window=4`` (the shared normaliser), every layer
+  converted as the quality benchmark's ``sliced_relu_all_layers`` flow converts it (issue #24);
 * ``rela``: ``prepare_config(config, "rela")``;
 * ``attention_free``: the ceiling, not a mechanism: an attention that costs nothing (each token's output is
   its own value row; q and k are still projected, but nothing flows back to them, so their layers' backward
@@ -105,6 +107,7 @@ CONTENDERS: dict[str, Contender] = {
     "sdpa_fused": Contender("sdpa", config={"attention_probs_dropout_prob": 0.0}),
     "sliced_relu": Contender("sliced_relu"),
     "sliced_relu_converted": Contender("sliced_relu", CONVERTED),
+    "sliced_relu_converted_window4": Contender("sliced_relu", {**CONVERTED, "local_window": 4}),
     "rela": Contender("rela"),
     "attention_free": Contender("attention_free", config={"attention_probs_dropout_prob": 0.0}),
 }
@@ -132,8 +135,9 @@ BARS = [
     ("sliced_relu_converted", (8, 512), 1.7),
     ("sliced_relu", (32, 128), 1.3),
     ("sliced_relu", (8, 512), 2.0),
+    ("sliced_relu_converted_window4", (32, 128), 1.0),
 ]
-"""(contender, (B, T), minimum speed-up over ``sdpa_fused``): issue #26."""
+"""(contender, (B, T), minimum speed-up over ``sdpa_fused``): issue #26, and issue #24 for the window."""
 
 
 def checkpoint() -> Path:
