@@ -76,11 +76,12 @@ VARIANTS = {
 }
 """Name -> (mechanism, flags). ``*_former_defaults`` are the converter's defaults before this ablation;
 ``*_packed`` train on the training lines joined into rows of up to 128 tokens (the default ``--max-length``), for
-the long tuning text (issue #24); ``*_paragraphs`` (added below) train on :data:`PARAGRAPHS` alone, with the flags of
-the variant they are named after (issue #24)."""
+the long tuning text (issue #24); ``*_paragraphs`` (added below) train on :data:`PARAGRAPHS` alone, ``*_mixed`` on
+the usual text and :data:`PARAGRAPHS`, with the flags of the variant they are named after (issue #24)."""
 PARAGRAPH_VARIANTS = ("rela", "sliced_relu_window16_all_layers", "sliced_relu_window4_all_layers")
-"""The variants also run trained on :data:`PARAGRAPHS`, as ``<name>_paragraphs``."""
-VARIANTS.update({f"{name}_paragraphs": VARIANTS[name] for name in PARAGRAPH_VARIANTS})
+"""The variants also run trained on :data:`PARAGRAPHS`, as ``<name>_paragraphs``, and on the glosses, the shipped
+sentences and :data:`PARAGRAPHS` together, as ``<name>_mixed``."""
+VARIANTS.update({f"{name}_{text}": VARIANTS[name] for name in PARAGRAPH_VARIANTS for text in ("paragraphs", "mixed")})
 
 
 def convert_variant(name: str, mechanism: str, flags: list[str], work: Path) -> dict:
@@ -104,11 +105,13 @@ def convert_variant(name: str, mechanism: str, flags: list[str], work: Path) -> 
 
 def training_text(name: str, work: Path) -> list[Path]:
     """The ``--text`` files of variant ``name``: :data:`PARAGRAPHS` for a ``*_paragraphs`` variant, else the
-    WordNet glosses (written into ``work``) and the shipped sentences."""
+    WordNet glosses (written into ``work``) and the shipped sentences, followed by :data:`PARAGRAPHS` for a
+    ``*_mixed`` variant."""
     if name.endswith("_paragraphs"):
         return [PARAGRAPHS]
-    return [write_training_sentences(work / "glosses.txt"),
-            Path(str(files("hf_sliced_attn") / "data" / "text" / "convert_train.txt"))]
+    short = [write_training_sentences(work / "glosses.txt"),
+             Path(str(files("hf_sliced_attn") / "data" / "text" / "convert_train.txt"))]
+    return [*short, PARAGRAPHS] if name.endswith("_mixed") else short
 
 
 def convert_command(mechanism: str, flags: list[str], text: list[Path], output: Path) -> list[str]:

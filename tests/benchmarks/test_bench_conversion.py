@@ -40,6 +40,16 @@ def test_the_other_variants_still_train_on_the_glosses_and_the_shipped_sentences
     assert [path.name for path in text] == ["glosses.txt", "convert_train.txt"] and all(p.is_file() for p in text)
     assert PARAGRAPHS not in text
     assert sum(1 for name in VARIANTS if name.endswith("_paragraphs")) == 3
+    assert sum(1 for name in VARIANTS if name.endswith("_mixed")) == 3
     command = convert_command("rela", [], text, tmp_path / "out")
     assert text_arguments(command) == [str(path) for path in text]
     assert Path(command[command.index("--output") + 1]) == tmp_path / "out"
+
+
+@pytest.mark.parametrize("base", ["rela", "sliced_relu_window16_all_layers"])
+def test_a_mixed_variant_trains_on_the_usual_text_and_the_paragraphs(base, tmp_path):
+    mechanism, flags = VARIANTS[f"{base}_mixed"]
+    assert (mechanism, flags) == VARIANTS[base]
+    text = training_text(f"{base}_mixed", tmp_path)
+    assert [path.name for path in text] == ["glosses.txt", "convert_train.txt", PARAGRAPHS.name]
+    assert text_arguments(convert_command(mechanism, flags, text, tmp_path / "out")) == [str(path) for path in text]
