@@ -225,20 +225,20 @@ def import_quietly(name: str):
         return None
 
 
+def public_definitions(module, name: str) -> list:
+    """The public classes and functions defined in ``module`` (named ``name``), by name."""
+    return [obj for attr, obj in sorted(vars(module).items())
+            if not attr.startswith("_") and (inspect.isclass(obj) or inspect.isfunction(obj) or inspect.isbuiltin(obj))
+            and getattr(obj, "__module__", None) == name]
+
+
 def module_docstrings(name: str) -> list[str]:
     """The docstrings of module ``name``: its own, then those of its public classes and functions defined in it,
     by name (``inspect.getdoc``); none for a module that cannot be imported here."""
     module = import_quietly(name)
     if module is None:
         return []
-    docs = [inspect.getdoc(module)]
-    for attr in sorted(vars(module)):
-        obj = vars(module)[attr]
-        if attr.startswith("_") or not (inspect.isclass(obj) or inspect.isfunction(obj) or inspect.isbuiltin(obj)):
-            continue
-        if getattr(obj, "__module__", None) != name:
-            continue
-        docs.append(inspect.getdoc(obj))
+    docs = [inspect.getdoc(module)] + [inspect.getdoc(obj) for obj in public_definitions(module, name)]
     return [doc for doc in docs if doc]
 
 
@@ -339,12 +339,7 @@ def own_docstrings(name: str) -> list[str]:
     if module is None:
         return []
     docs = [own_doc(module)]
-    for attr in sorted(vars(module)):
-        obj = vars(module)[attr]
-        if attr.startswith("_") or not (inspect.isclass(obj) or inspect.isfunction(obj) or inspect.isbuiltin(obj)):
-            continue
-        if getattr(obj, "__module__", None) != name:
-            continue
+    for obj in public_definitions(module, name):
         docs.append(own_doc(obj))
         members = sorted(vars(obj).items()) if inspect.isclass(obj) else []
         for member_name, member in members:
