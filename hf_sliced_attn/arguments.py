@@ -50,27 +50,28 @@ def flag_name(option: str, dashes: bool) -> str:
     return "--" + (option.replace("_", "-") if dashes else option)
 
 
-def _shown_default(name: str, owners: list[str], conversion: bool) -> str:
-    """The default of option ``name`` for the mechanisms ``owners``: its config's, or with ``conversion`` the one
-    conversions use (``Mechanism.conversion_defaults`` over it); one value when they agree, else one per mechanism."""
+def _shown_default(name: str, owners: list[str], purpose: Purpose | None) -> str:
+    """The default of option ``name`` for the mechanisms ``owners``: its config's, or with a ``purpose`` the one
+    transfers for it use (``Mechanism.conversion_options`` over it); one value when they agree, else one per
+    mechanism."""
     values = {}
     for owner in owners:
         mechanism = MECHANISMS[owner]
         value = mechanism.config_class.__dataclass_fields__[name].default
-        values[owner] = mechanism.conversion_defaults.get(name, value) if conversion else value
+        values[owner] = mechanism.conversion_options(purpose).get(name, value) if purpose else value
     if len(set(map(repr, values.values()))) == 1:
         return repr(next(iter(values.values())))
     return ", ".join(f"{owner} {value!r}" for owner, value in values.items())
 
 
 def add_mechanism_arguments(parser: argparse.ArgumentParser | argparse._ArgumentGroup, *, dashes: bool,
-                            conversion: bool = False) -> None:
+                            purpose: Purpose | None = None) -> None:
     """Add one flag per option of the registered mechanisms (``--layers``, ``--num_slices``, ...). Each help ends
-    with the option's default per mechanism: its config's, or with ``conversion`` the one conversions use."""
+    with the option's default per mechanism: its config's, or with a ``purpose`` the one its transfers use."""
     for name, (option, kind, owners) in _option_fields().items():
         every = len(owners) == len(MECHANISMS)
         prefix = "" if every else f"{', '.join(owners)}: "
-        help_ = f"{prefix}{option.metadata.get('help', '')} (default: {_shown_default(name, owners, conversion)})"
+        help_ = f"{prefix}{option.metadata.get('help', '')} (default: {_shown_default(name, owners, purpose)})"
         flags = {"dest": name, "default": None, "help": help_.replace("%", "%%")}
         if kind is bool:
             parser.add_argument(flag_name(name, dashes), action=argparse.BooleanOptionalAction, **flags)

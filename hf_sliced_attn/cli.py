@@ -42,7 +42,7 @@ def add_convert_parser(subparsers: argparse._SubParsersAction) -> argparse.Argum
     add_mechanism_arguments(parser.add_argument_group(
         "mechanism options", "Saved in config.json. Each default shown is the one conversions use: the mechanism's "
                              "measured best for converting a softmax checkpoint, over its config's own default."
-    ), dashes=True, conversion=True)
+    ), dashes=True, purpose="convert")
     add_transfer_arguments(parser.add_argument_group(
         "attention transfer", "Defaults: each mechanism's measured best for conversions."), dashes=True, purpose="convert")
     parser.add_argument("--text", nargs="+", required=True,

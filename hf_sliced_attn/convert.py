@@ -63,7 +63,7 @@ class ConvertOptions:
     """Held-out text for the report; None: split ``heldout_fraction`` off ``text``."""
     mechanism_options: dict[str, Any] = field(default_factory=dict)
     """Options of the mechanism's config (``layers``, ``num_slices``, ...); those not given take the
-    mechanism's ``conversion_defaults``, then its config's defaults."""
+    mechanism's conversion defaults for "convert", then its config's defaults."""
     transfer: Mapping[str, Any] = field(default_factory=dict)
     """Transfer settings (fields of :class:`~hf_sliced_attn.conversion.settings.TransferConfig`: ``steps``,
     ``lora_r``, ``keep_softmax_layers``, ...); those not given take the mechanism's measured best."""
@@ -97,7 +97,7 @@ class ConvertOptions:
         """The options handed to :func:`hf_sliced_attn.prepare_config`: the given ones over the
         mechanism's conversion defaults (validated by the mechanism's config)."""
         mechanism = MECHANISMS.get_mechanism(self.mechanism)
-        options = {**mechanism.conversion_defaults, **self.mechanism_options}
+        options = {**mechanism.conversion_options("convert"), **self.mechanism_options}
         mechanism.make_config(**options)
         return options
 

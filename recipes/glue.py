@@ -27,7 +27,7 @@ converted one keeps its own) or the mechanism's defaults.
 Attention transfer: from a softmax checkpoint, a plugin mechanism first learns to reproduce the
 checkpoint's softmax attention on the task's own training text (no labels), by the call ``hf-sliced-attn
 convert`` makes (:func:`hf_sliced_attn.conversion.pipeline.transfer_and_select`, the mechanism's
-``conversion_defaults`` filling the options not given), and the converted layers whose attention error
+conversion defaults for fine-tuning filling the options not given), and the converted layers whose attention error
 stays largest go back to the checkpoint's softmax attention (``--keep_softmax_layers``). Fine-tuning starts
 from there (:func:`transfer_attention_step`; ``--attention_transfer_steps 0`` fine-tunes the new attention
 directly, from its fresh initialisation). Its flags (``--attention_transfer_<setting>``) are generated from
@@ -384,7 +384,7 @@ def build_config(args, num_labels: int, label_list, is_regression: bool):
     if args.attn_implementation in hf_sliced_attn.MECHANISMS:
         options = attention_options(args)
         if transfer_skip_reason(args) is None:  # as `hf-sliced-attn convert`: its defaults for the options not given
-            options = {**hf_sliced_attn.MECHANISMS[args.attn_implementation].conversion_defaults, **options}
+            options = {**hf_sliced_attn.MECHANISMS[args.attn_implementation].conversion_options("finetune"), **options}
         try:
             hf_sliced_attn.prepare_config(config, args.attn_implementation, **options)
         except ValueError as err:

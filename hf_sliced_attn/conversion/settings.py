@@ -19,12 +19,13 @@ import dataclasses
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 from ..mechanisms import MECHANISMS
+from ..mechanisms.base import PURPOSES, Purpose, check_purpose
 
-Purpose = Literal["convert", "finetune"]
-PURPOSES: tuple[Purpose, ...] = ("convert", "finetune")
+__all__ = ["PURPOSES", "STAGE2_LOSSES", "Purpose", "TransferConfig", "mechanism_transfer_defaults",
+           "resolve_transfer_config"]
 STAGE2_LOSSES = ("mse", "cosine")
 
 
@@ -104,8 +105,7 @@ class TransferConfig:
 
 def mechanism_transfer_defaults(mechanism: str, purpose: Purpose) -> dict[str, Any]:
     """The settings ``mechanism`` measured best for ``purpose``, over :class:`TransferConfig`'s own defaults."""
-    if purpose not in PURPOSES:
-        raise ValueError(f"Unknown transfer purpose {purpose!r}: the valid ones are {list(PURPOSES)}.")
+    check_purpose(purpose)
     generic = {f.name: f.default for f in dataclasses.fields(TransferConfig)}
     return {**generic, **MECHANISMS.get_mechanism(mechanism).transfer_defaults.get(purpose, {})}
 

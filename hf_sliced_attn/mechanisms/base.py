@@ -144,6 +144,17 @@ class InputAttention:
     attend: Callable[[nn.Module, torch.Tensor, nn.Linear, nn.Linear, torch.Tensor, "torch.Tensor | None"], torch.Tensor]
 
 
+Purpose = Literal["convert", "finetune"]
+"""What a transfer is for: ``hf-sliced-attn convert``, or the shorter transfer before fine-tuning in the recipe."""
+PURPOSES: tuple[Purpose, ...] = ("convert", "finetune")
+
+
+def check_purpose(purpose: str) -> None:
+    """Raise a ValueError naming the valid purposes unless ``purpose`` is one."""
+    if purpose not in PURPOSES:
+        raise ValueError(f"Unknown transfer purpose {purpose!r}: the valid ones are {list(PURPOSES)}.")
+
+
 @dataclass(frozen=True)
 class Mechanism:
     """One attention mechanism, everything the package needs to know about it.
@@ -162,8 +173,9 @@ class Mechanism:
         tag: its Hub tag.
         paper: the paper cards cite.
         description: one paragraph for model cards: the maths and the modules it adds.
-        conversion_defaults: options that attention transfer uses unless told otherwise (the
-            measured best for converting a softmax checkpoint; the config's defaults stay the paper's).
+        conversion_defaults: the options attention transfer uses unless told otherwise, per purpose as
+            ``transfer_defaults`` (the measured best for converting a softmax checkpoint; the config's
+            defaults stay the paper's); :meth:`conversion_options` reads them.
         transfer_defaults: the transfer settings that measure best for this mechanism, per purpose:
             ``"convert"`` (``hf-sliced-attn convert``) and ``"finetune"`` (the shorter transfer that
             precedes fine-tuning in the GLUE recipe, within its time budget). Each maps fields of
@@ -180,12 +192,17 @@ class Mechanism:
     paper: Paper
     description: str
     input_attention: InputAttention | None = None
-    conversion_defaults: Mapping[str, Any] = field(default_factory=dict)
+    conversion_defaults: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     transfer_defaults: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
 
     @property
     def name(self) -> str:
         return self.config_class.mechanism
+
+    def conversion_options(self, purpose: Purpose) -> dict[str, Any]:
+        """The options a transfer for ``purpose`` uses unless told otherwise (``conversion_defaults``)."""
+        check_purpose(purpose)
+        return dict(self.conversion_defaults.get(purpose, {}))
 
     def make_config(self, **options: Any) -> MechanismConfig:
         """The options of this mechanism, raising a ValueError that lists the valid ones."""

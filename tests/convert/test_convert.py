@@ -53,7 +53,8 @@ def test_conversion_end_to_end(checkpoint, mechanism, request, tmp_path):
 
 def test_sliced_relu_conversions_use_the_conversion_options_unless_told(converted_roberta, tiny_roberta, tmp_path):
     saved = AutoConfig.from_pretrained(converted_roberta.output_dir).hf_sliced_attn
-    defaults = MECHANISMS["sliced_relu"].conversion_defaults
+    defaults = MECHANISMS["sliced_relu"].conversion_options("convert")
+    assert defaults["local_window"] > 0  # convert's window, which the recipe's transfer does not take
     assert {k: saved[k] for k in defaults} == defaults
     output = tmp_path / "plain"
     plain = dict(projection="linear", affine_output=False, num_slices=2)

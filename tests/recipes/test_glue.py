@@ -205,7 +205,7 @@ def test_end_to_end(task, attn, tiny, tmp_path):
     assert len((out / "train_log.jsonl").read_text().splitlines()) == 6
     config = json.loads((out / "config.json").read_text())
     assert config["attn_implementation"] == attn
-    for option, value in hf_sliced_attn.MECHANISMS[attn].conversion_defaults.items():  # transferred: convert's options
+    for option, value in hf_sliced_attn.MECHANISMS[attn].conversion_options("finetune").items():  # transferred
         assert config[hf_sliced_attn.CONFIG_KEY][option] == value, option
     # the saved head: one label per class of the data, named (GLUE names with --task_name), or one regression score
     expected_labels = {"sst2": ["negative", "positive"], "mrpc": ["0", "1"], "stsb": ["LABEL_0"], "mnli": ["0", "1", "2"]}

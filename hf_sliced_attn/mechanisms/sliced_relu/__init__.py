@@ -6,6 +6,9 @@ from .attention import WINDOW_PREFIX, attend, attend_from_input, build_modules, 
 from .config import SlicedReluConfig
 from .modules import SlicedBandwidth, SlicedMLPProjection, SlicedOutputAffine, SlicedProjection
 
+TRANSFER_OPTIONS = {"projection": "mlp", "affine_output": True, "num_slices": 4}
+"""The options every transfer from a softmax checkpoint uses unless told otherwise."""
+
 SLICED_RELU = Mechanism(
     config_class=SlicedReluConfig,
     module_names=("sliced_projection", "sliced_bandwidth", "sliced_output",
@@ -29,16 +32,20 @@ SLICED_RELU = Mechanism(
         "(`sliced_window_gate`) or LoLCATs' shared normaliser (`sliced_window_share`), in O(n w) more."
     ),
     # The paper's plain formula (a linear projection, no gain, centred values only) loses the mean value
-    # and half the weight of a softmax layer: conversions use the authors' MLP projection, the learned gain
+    # and half the weight of a softmax layer: transfers use the authors' MLP projection, the learned gain
     # and mean value, and 4 slices. Measured on all-MiniLM-L6-v2, held-out text of another kind (benchmarks/README.md,
-    # "Conversion fidelity").
-    conversion_defaults={"projection": "mlp", "affine_output": True, "num_slices": 4},
-    # convert: a long stage 2 and the two layers that transfer worst kept on softmax (benchmarks/README.md, "Conversion
-    # fidelity"); finetune: stage 1 only, within the recipe's time budget
-    # (benchmarks/README.md, "Accuracy after fine-tuning").
+    # "Conversion fidelity"). convert adds a local softmax window of 16 tokens, so that every layer converts
+    # (benchmarks/results/conversion_paragraphs/README.md).
+    conversion_defaults={
+        "convert": {**TRANSFER_OPTIONS, "local_window": 16},
+        "finetune": TRANSFER_OPTIONS,
+    },
+    # convert: every layer converted, with the window and 300 stage-2 steps (chosen on the tuning texts,
+    # benchmarks/results/conversion_paragraphs/README.md); finetune: stage 1 only, within the recipe's time budget,
+    # the two layers that transfer worst kept on softmax (benchmarks/README.md, "Accuracy after fine-tuning").
     transfer_defaults={
-        "convert": {"lora_r": 32, "lora_alpha": 64, "steps": 100, "stage2_steps": 1000, "stage2_loss": "cosine",
-                    "stage2_lr": 2e-3, "keep_softmax_layers": 2},
+        "convert": {"lora_r": 32, "lora_alpha": 64, "steps": 100, "stage2_steps": 300, "stage2_loss": "cosine",
+                    "stage2_lr": 2e-3},
         "finetune": {"lora_r": 32, "lora_alpha": 64, "steps": 100, "stage2_loss": "cosine", "stage2_lr": 2e-3,
                      "keep_softmax_layers": 2},
     },
