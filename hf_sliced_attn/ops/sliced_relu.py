@@ -296,13 +296,13 @@ class _SlicedReLUFunction(torch.autograd.Function):
         return ds.to(s_dtype), dt.to(t_dtype), dv.to(v_dtype), None
 
 
-def _denominator(s: Tensor, t: Tensor, valid: Tensor, dtype: torch.dtype) -> Tensor:
-    """D = sum_l |s_i - t_l| over the valid keys, (B, H, M, Tq) in ``dtype``, for s (B, H, M, Tq),
-    t (B, H, M, Tk) and valid (B, Tk): the sort and ranks of :mod:`._sorted` and the prefix sums
+def _denominator(s: Tensor, t: Tensor, valid: Tensor) -> Tensor:
+    """D = sum_l |s_i - t_l| over the valid keys, (B, H, M, Tq), for s (B, H, M, Tq), t (B, H, M, Tk)
+    and valid (B, Tk), on the torch path: the sort and ranks of :mod:`._sorted` and the prefix sums
     of :func:`_kernel_sums`, O(Tk log Tk + Tq log Tk) scalar work with no D-wide tensor,
-    differentiable by autograd (the kernels above return only their output)."""
-    den = _kernel_sums(sort_scalars(s, t, valid))[3]
-    return den.view(s.shape).to(dtype)
+    differentiable by autograd (:class:`_SlicedReLUFunction` returns only its output; the C++
+    kernel returns D itself)."""
+    return _kernel_sums(sort_scalars(s, t, valid))[3].view(s.shape)
 
 
 def sliced_relu(
@@ -327,9 +327,10 @@ def sliced_relu(
         query_scalars, key_scalars = query_scalars.unsqueeze(2), key_scalars.unsqueeze(2)
     valid = valid_keys(value, key_padding_mask)
     if value.device.type == "cpu" and sliced_relu_cpu.available():
-        out = sliced_relu_cpu.sliced_relu_cpu(query_scalars, key_scalars, value, valid)
+        out, den = sliced_relu_cpu.sliced_relu_cpu(query_scalars, key_scalars, value, valid)
     else:
         out = _SlicedReLUFunction.apply(query_scalars, key_scalars, value, valid)
+        den = _denominator(query_scalars, key_scalars, valid) if return_denominator else None
     if not return_denominator:
         return out
-    return out, _denominator(query_scalars, key_scalars, valid, compute_dtype(value.dtype)).view(shape)
+    return out, den.to(compute_dtype(value.dtype)).view(shape)

@@ -40,7 +40,7 @@ __all__ = ["available", "bump_available", "sliced_relu_bump_cpu", "sliced_relu_c
 
 # kernel -> (library csrc/<library>.cpp, entry-point prefix, {step: number of tensor arguments}).
 _LIBRARIES = {
-    "relu": ("sliced_relu_cpu", "sliced_relu", {"forward": 8, "backward": 11}),
+    "relu": ("sliced_relu_cpu", "sliced_relu", {"forward": 8, "backward": 12}),
     "bump": ("sliced_relu_bump_cpu", "sliced_relu_bump", {"forward": 8, "backward": 12}),
 }
 
@@ -92,8 +92,9 @@ def _sizes(s: Tensor, v: Tensor) -> tuple[int, ...]:
 def _forward(s: Tensor, t: Tensor, v: Tensor, valid: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """s (B, H, M, Tq), t (B, H, M, Tk) float64 and valid (B, Tk) bool, contiguous; v (B, H, Tk, D)
     float32/64 with a contiguous last dim -> out (B, H, Tq, D) in v's dtype, laid out as
-    (B, Tq, H, D) (what attention layers reshape next), and for the backward key_order
-    (B, H, M, Tk) int32, query_order (B, H, M, Tq) int32, den (B, H, M, Tq) float64."""
+    (B, Tq, H, D) (what attention layers reshape next), den (B, H, M, Tq) float64 (the kernel's
+    normaliser, differentiable), and for the backward key_order (B, H, M, Tk) int32 and query_order
+    (B, H, M, Tq) int32."""
     sizes = _sizes(s, v)
     batch, heads, slices, q_len, k_len, dim = sizes
     out = _output(v, batch, heads, q_len, dim)
@@ -101,7 +102,7 @@ def _forward(s: Tensor, t: Tensor, v: Tensor, valid: Tensor) -> tuple[Tensor, Te
     query_order = torch.empty(batch, heads, slices, q_len, dtype=torch.int32)
     den = torch.empty(batch, heads, slices, q_len, dtype=torch.float64)
     _call("relu", "forward", v, sizes, (s, t, v, valid, out, key_order, query_order, den), (v, out))
-    return out, key_order, query_order, den
+    return out, den, key_order, query_order
 
 
 @_forward.register_fake
@@ -109,27 +110,28 @@ def _(s: Tensor, t: Tensor, v: Tensor, valid: Tensor) -> tuple[Tensor, Tensor, T
     batch, heads, slices, q_len, k_len, dim = _sizes(s, v)
     return (
         _output(v, batch, heads, q_len, dim),
+        s.new_empty(batch, heads, slices, q_len),
         s.new_empty(batch, heads, slices, k_len, dtype=torch.int32),
         s.new_empty(batch, heads, slices, q_len, dtype=torch.int32),
-        s.new_empty(batch, heads, slices, q_len),
     )
 
 
 @torch.library.custom_op("hf_sliced_attn::sliced_relu_cpu_backward", mutates_args=(), device_types="cpu")
 def _backward(
-    grad: Tensor, s: Tensor, t: Tensor, v: Tensor, valid: Tensor, key_order: Tensor, query_order: Tensor,
-    den: Tensor,
+    grad: Tensor, grad_den: Tensor, s: Tensor, t: Tensor, v: Tensor, valid: Tensor, key_order: Tensor,
+    query_order: Tensor, den: Tensor,
 ) -> tuple[Tensor, Tensor, Tensor]:
-    """grad (B, H, Tq, D) in v's dtype with a contiguous last dim, and the forward's inputs and
-    saved state -> dL/ds, dL/dt (float64) and dL/dv (v's dtype and layout)."""
+    """grad (B, H, Tq, D) in v's dtype with a contiguous last dim, grad_den (B, H, M, Tq) float64 contiguous (the
+    gradient in den), and the forward's inputs and saved state -> dL/ds, dL/dt (float64) and dL/dv (v's dtype and
+    layout)."""
     ds, dt, dv = torch.empty_like(s), torch.empty_like(t), torch.empty_like(v)
-    tensors = (grad, s, t, v, valid, key_order, query_order, den, ds, dt, dv)
+    tensors = (grad, grad_den, s, t, v, valid, key_order, query_order, den, ds, dt, dv)
     _call("relu", "backward", v, _sizes(s, v), tensors, (grad, v, dv))
     return ds, dt, dv
 
 
 @_backward.register_fake
-def _(grad, s, t, v, valid, key_order, query_order, den) -> tuple[Tensor, Tensor, Tensor]:
+def _(grad, grad_den, s, t, v, valid, key_order, query_order, den) -> tuple[Tensor, Tensor, Tensor]:
     return torch.empty_like(s), torch.empty_like(t), torch.empty_like(v)
 
 
@@ -139,34 +141,46 @@ def _rows(x: Tensor) -> Tensor:
 
 
 def _setup_context(ctx, inputs: tuple[Tensor, ...], output: tuple[Tensor, ...]) -> None:
-    """Both kernels: save the inputs and the state the forward returned after its output (not differentiable)."""
-    _, *state = output
-    ctx.mark_non_differentiable(*state)
-    ctx.save_for_backward(*inputs, *state)
+    """The bump kernel: save the inputs and the orders the forward returned after its output (not
+    differentiable)."""
+    _, *orders = output
+    ctx.mark_non_differentiable(*orders)
+    ctx.save_for_backward(*inputs, *orders)
 
 
-def _backward_rule(ctx, grad: Tensor, *_unused: Tensor) -> tuple[Tensor, Tensor, Tensor, None]:
+def _relu_setup_context(ctx, inputs: tuple[Tensor, ...], output: tuple[Tensor, ...]) -> None:
+    """The ReLU kernel: as :func:`_setup_context`, with den, after the output, differentiable and saved."""
+    _, den, *orders = output
+    ctx.mark_non_differentiable(*orders)
+    ctx.save_for_backward(*inputs, *orders, den)
+
+
+def _backward_rule(ctx, grad: Tensor, grad_den: Tensor | None, *_unused: Tensor) -> tuple[Tensor, Tensor, Tensor, None]:
     s, t, v, valid, key_order, query_order, den = ctx.saved_tensors
-    ds, dt, dv = _backward(_rows(grad.to(v.dtype)), s, t, v, valid, key_order, query_order, den)
+    grad_den = torch.zeros_like(den) if grad_den is None else grad_den.to(den.dtype).contiguous()
+    ds, dt, dv = _backward(_rows(grad.to(v.dtype)), grad_den, s, t, v, valid, key_order, query_order, den)
     return ds, dt, dv, None
 
 
-_forward.register_autograd(_backward_rule, setup_context=_setup_context)
+_forward.register_autograd(_backward_rule, setup_context=_relu_setup_context)
 
 
-def sliced_relu_cpu(query_scalars: Tensor, key_scalars: Tensor, value: Tensor, valid: Tensor) -> Tensor:
-    """Sliced ReLU attention on CPU tensors with the C++ kernel (needs :func:`available`).
+def sliced_relu_cpu(
+    query_scalars: Tensor, key_scalars: Tensor, value: Tensor, valid: Tensor
+) -> tuple[Tensor, Tensor]:
+    """Sliced ReLU attention on CPU tensors with the C++ kernel (needs :func:`available`), and its normaliser.
 
     query_scalars (B, H, M, Tq), key_scalars (B, H, M, Tk), value (B, H, Tk, D), valid (B, Tk)
-    bool (True = real key) -> (B, H, Tq, D) in value's dtype. The scalars are taken in float64,
+    bool (True = real key) -> the output (B, H, Tq, D) in value's dtype, and D_i = sum_l |s_i - t_l|
+    over the valid keys (B, H, M, Tq) float64, both differentiable. The scalars are taken in float64,
     the values in float32 (float16/bfloat16) or their own dtype.
     """
     work = _rows(value.to(compute_dtype(value.dtype)))
-    out, *_ = _forward(
+    out, den, *_ = _forward(
         query_scalars.double().contiguous(), key_scalars.double().contiguous(), work,
         valid.to(torch.bool).contiguous(),
     )
-    return out.to(value.dtype)
+    return out.to(value.dtype), den
 
 
 @torch.library.custom_op("hf_sliced_attn::sliced_relu_bump_cpu", mutates_args=(), device_types="cpu")

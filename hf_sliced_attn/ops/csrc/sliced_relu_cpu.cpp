@@ -13,8 +13,9 @@
 // the inputs and outputs. The scalars are centred on the mean valid key (the kernel is
 // shift-invariant), and every sum is accumulated in double.
 //
-// Backward, for output gradients g (Tq, D), w_i = 1 / (M den_i) (0 where den_i = 0) and
-// e_i = w_i (g_i . N_i) / den_i, N_i = s_i P_u(c_i) - P_tu(c_i):
+// Backward, for output gradients g (Tq, D), w_i = 1 / (M den_i) (0 where den_i = 0), the gradient
+// h_i of the loss in den_i itself (den is an output too: the shared normaliser of a local window
+// reads it) and e_i = w_i (g_i . N_i) / den_i - h_i, N_i = s_i P_u(c_i) - P_tu(c_i):
 //
 //     dL/ds_i = w_i g_i . P_u(c_i) - e_i sum_l sign(s_i - t_l)            (ascending sweep)
 //     dL/dt_j = sum_{s_i > t_j} e_i - sum_{s_i < t_j} e_i - u_j . S_w(j)    (both sweeps)
@@ -22,17 +23,18 @@
 //                                                                         (descending sweep)
 //     dL/dv_j = dL/du_j - mean over the valid keys of dL/du.
 //
-// Ties contribute 0 to the output; at a tie sign(0) = 0. A query whose denominator is 0 (all
-// keys equal to it, or no valid key) gets 0, and so do its gradients. A group with a
+// (d den_i / d s_i = sum_l sign(s_i - t_l) and d den_i / d t_j = -sign(s_i - t_j), so h_i joins the
+// terms of e_i.) Ties contribute 0 to the output; at a tie sign(0) = 0. A query whose denominator is
+// 0 (all keys equal to it, or no valid key) gets 0, and so do its gradients. A group with a
 // non-finite scalar gets NaN outputs and gradients (sorting needs finite scalars).
 //
 // Layouts: s (G, M, Tq) and t (G, M, Tk) double, G = B*H, contiguous; valid (B, Tk) uint8;
 // v (B, H, Tk, D), out (B, H, Tq, D) and the gradients with any (batch, head, token) strides
 // and a contiguous last dim (so that (B, T, H, D) buffers need no transposed copies); the
-// forward also writes, for the backward,
-// key_order (G, M, Tk) int32 (the valid keys in ascending order of t, then the padded keys),
-// query_order (G, M, Tq) int32 (ascending s) and den (G, M, Tq) double. Groups are split
-// over torch's intra-op threads (at::parallel_for). Entry points return 0, or 1 after an exception.
+// forward also writes den (G, M, Tq) double, and for the backward key_order (G, M, Tk) int32
+// (the valid keys in ascending order of t, then the padded keys) and query_order (G, M, Tq) int32
+// (ascending s); the backward reads den's gradient grad_den (G, M, Tq) double. Groups are split over
+// torch's intra-op threads (at::parallel_for). Entry points return 0, or 1 after an exception.
 // The layouts, the sorting and the threads are shared with the bump kernel (sorted_sweep.h).
 
 #include "sorted_sweep.h"
@@ -149,10 +151,11 @@ struct BackwardScratch {
   std::vector<double> e, w, s_w, s_sw, du_mean;
 };
 
-// Ascending sweep: dL/ds and e_i (per sorted query) for one slice; fills scratch.e, scratch.w.
+// Ascending sweep: dL/ds and e_i (per sorted query) for one slice, from the output's gradients gg and
+// the denominators' gradients hg; fills scratch.e, scratch.w.
 template <typename Scalar>
 void scalar_gradients(const Shape& shape, const SortedSlice& slice, const CentredKeys<Scalar>& keys,
-                      Rows<const Scalar> vg, Rows<const Scalar> gg, const double* dg, double* ds,
+                      Rows<const Scalar> vg, Rows<const Scalar> gg, const double* dg, const double* hg, double* ds,
                       BackwardScratch& scratch, RunningPrefix<Scalar>& prefix) {
   const Index M = shape.slices, Tq = shape.q_len, D = shape.dim, n = keys.n();
   scratch.e.assign(Tq, 0.0);
@@ -179,7 +182,7 @@ void scalar_gradients(const Shape& shape, const SortedSlice& slice, const Centre
       dot_u += grow[d] * pu[d];
       dot_tu += grow[d] * ptu[d];
     }
-    const double e = w * (si * dot_u - dot_tu) / d_i;
+    const double e = w * (si * dot_u - dot_tu) / d_i - hg[i];
     ds[i] = w * dot_u - e * static_cast<double>(prefix.c + at_or_below - n);
     scratch.e[q] = e;
     scratch.w[q] = w;
@@ -246,9 +249,10 @@ void value_gradients(const Shape& shape, const SortedSlice& slice, const Centred
 }
 
 template <typename Scalar>
-void backward_group(const Shape& shape, Index g, const Scalar* grad, const double* s, const double* t, const Scalar* v,
-                    const std::uint8_t* valid, const std::int32_t* key_order, const std::int32_t* query_order,
-                    const double* den, double* ds, double* dt, Scalar* dv, const Index* strides) {
+void backward_group(const Shape& shape, Index g, const Scalar* grad, const double* grad_den, const double* s,
+                    const double* t, const Scalar* v, const std::uint8_t* valid, const std::int32_t* key_order,
+                    const std::int32_t* query_order, const double* den, double* ds, double* dt, Scalar* dv,
+                    const Index* strides) {
   const Index M = shape.slices, Tq = shape.q_len, Tk = shape.k_len, D = shape.dim;
   const Rows<const Scalar> gg = group_rows(grad, strides, shape, g);
   const Rows<const Scalar> vg = group_rows(v, strides + 3, shape, g);
@@ -266,7 +270,7 @@ void backward_group(const Shape& shape, Index g, const Scalar* grad, const doubl
     double* dtm = dt + gm * Tk;
     std::fill(dtm, dtm + Tk, 0.0);
     slice.load(s + gm * Tq, t + gm * Tk, keys.index, key_order + gm * Tk, query_order + gm * Tq, Tq);
-    scalar_gradients(shape, slice, keys, vg, gg, den + gm * Tq, ds + gm * Tq, scratch, prefix);
+    scalar_gradients(shape, slice, keys, vg, gg, den + gm * Tq, grad_den + gm * Tq, ds + gm * Tq, scratch, prefix);
     for (Index i = 0; i < Tq; ++i) finite = finite && !std::isnan(den[gm * Tq + i]);
     key_sign_gradients(slice, scratch.e, dtm);
     value_gradients(shape, slice, keys, vg, gg, dvg, dtm, scratch);
@@ -298,11 +302,11 @@ void backward_group(const Shape& shape, Index g, const Scalar* grad, const doubl
                             const Index* strides),                                                                \
                            (s, t, v, valid, out, key_order, query_order, den, strides))                           \
   SORTED_SWEEP_ENTRY_POINT(sliced_relu_backward_##SUFFIX, backward_group<Scalar>,                                 \
-                           (const Scalar* grad, const double* s, const double* t, const Scalar* v,                \
-                            const std::uint8_t* valid, const std::int32_t* key_order,                             \
+                           (const Scalar* grad, const double* grad_den, const double* s, const double* t,        \
+                            const Scalar* v, const std::uint8_t* valid, const std::int32_t* key_order,            \
                             const std::int32_t* query_order, const double* den, double* ds, double* dt,           \
                             Scalar* dv, const Index* strides),                                                    \
-                           (grad, s, t, v, valid, key_order, query_order, den, ds, dt, dv, strides))
+                           (grad, grad_den, s, t, v, valid, key_order, query_order, den, ds, dt, dv, strides))
 
 SLICED_RELU_ENTRY_POINTS(f32, float)
 SLICED_RELU_ENTRY_POINTS(f64, double)
