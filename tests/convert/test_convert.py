@@ -14,7 +14,7 @@ from transformers import AutoConfig, AutoModel, AutoTokenizer
 from hf_sliced_attn.attention import LAYER_MODE_ATTR
 from hf_sliced_attn import MECHANISMS
 from hf_sliced_attn.conversion.converted_folder import CHECKPOINT_DIR, REPORT_NAME, check_reference, load_converted
-from hf_sliced_attn.conversion.settings import mechanism_transfer_defaults
+from hf_sliced_attn.conversion.settings import mechanism_transfer_defaults, resolve_transfer_config
 from hf_sliced_attn.convert import ConvertOptions, convert
 from hf_sliced_attn.conversion.fidelity import measure_fidelity
 from hf_sliced_attn.hub import push
@@ -40,7 +40,11 @@ def assert_converted_folder(output, mechanism: str) -> None:
                                                        ("tiny_modernbert", "sliced_relu")])
 def test_conversion_end_to_end(checkpoint, mechanism, request, tmp_path):
     output = tmp_path / "out"
-    result = convert(tiny_options(request.getfixturevalue(checkpoint), output, mechanism=mechanism))
+    # convert's window of 16 covers these 11-word passages whole, so that softmax alone nearly reproduces the
+    # teacher before any training; a window of 2 leaves the transfer something to learn.
+    options = {"local_window": 2} if mechanism == "sliced_relu" else {}
+    result = convert(tiny_options(request.getfixturevalue(checkpoint), output, mechanism=mechanism,
+                                  mechanism_options=options))
     errors = result.report["attention_relative_error"]
     assert errors["mean_after"] < errors["mean_before"]
     assert set(errors["after"]) == {str(i) for i in result.report["converted_layers"]}
@@ -189,11 +193,20 @@ def test_each_mechanism_brings_its_measured_transfer_settings(tiny_roberta, tmp_
                                  transfer=given)
         resolved = options.transfer_config(options.student_config(config))
         expected = {**mechanism_transfer_defaults(mechanism, "convert"), **given}
-        expected["keep_softmax_layers"] = min(expected["keep_softmax_layers"], 1)  # at most half of 2 layers
         assert dataclasses.asdict(resolved) == expected
+        assert resolved.keep_softmax_layers == 0  # convert's default converts every layer (issue #24)
     sliced = ConvertOptions(model=str(tiny_roberta), mechanism="sliced_relu", output_dir=str(tmp_path), text=["t"])
-    assert sliced.resolved_options()["num_slices"] == 4
-    assert MECHANISMS["sliced_relu"].transfer_defaults["convert"]["keep_softmax_layers"] == 2
+    assert (sliced.resolved_options()["num_slices"], sliced.resolved_options()["local_window"]) == (4, 16)
+
+
+def test_a_default_count_of_softmax_layers_keeps_at_most_half(tiny_roberta):
+    """The recipe's transfer keeps 2 layers on softmax by default; a 2-layer model keeps 1 (at most half)."""
+    assert mechanism_transfer_defaults("sliced_relu", "finetune")["keep_softmax_layers"] == 2
+    resolved = resolve_transfer_config("sliced_relu", "finetune", {}, converted_layers=2, layers_listed=False)
+    assert resolved.keep_softmax_layers == 1
+    given = resolve_transfer_config("sliced_relu", "finetune", {"keep_softmax_layers": 3}, converted_layers=4,
+                                    layers_listed=False)
+    assert given.keep_softmax_layers == 3  # a given count is not capped
 
 
 def test_a_layer_list_keeps_every_listed_layer_converted(tiny_roberta, tmp_path):
