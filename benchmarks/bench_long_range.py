@@ -11,6 +11,10 @@ Tasks (``--tasks``; ``benchmarks/long_range_tasks.py``):
   [CLS] the first (T-2)/2 tokens of a file [SEP] the last (T-2)/2 tokens of the same or another file;
   label "same file" (2 classes, balanced, every half in as many positive as negative pairs, documents
   disjoint across splits). Data: ``benchmarks/data/long_range/`` (builder, licence).
+- ``lookup``: identifier lookup on the same documents: [CLS] the first T-3 tokens of a file [SEP] one
+  identifier; label "the identifier's id occurs in the file's part" (2 classes, balanced, hash collisions
+  counted as present, documents disjoint across splits): evidence anywhere up to T tokens from the query;
+  meant to be learnable at a CPU budget, where document matching is not (not yet measured).
 
 Contenders (``--contenders``), one architecture for all: transformers' ModernBERT for sequence
 classification, built by ``AutoModelForSequenceClassification.from_config`` from the same

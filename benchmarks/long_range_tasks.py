@@ -9,16 +9,22 @@ with their label, and batches of them.
   ``benchmarks/data/long_range/retrieval.json.gz`` (built by ``build_retrieval_data.py`` there; its
   docstring defines the pairs): [CLS] the first tokens of one file [SEP] the last tokens of the same
   or another file; label 1 when they come from the same file (2 classes).
+- ``lookup``: identifier lookup on the same documents: [CLS] the first T - 3 tokens of a file [SEP] one
+  identifier; label 1 when the identifier's id occurs in the file's part (2 classes). Meant to be learnable
+  at a small budget (not yet measured), with evidence anywhere in the file, up to T tokens from the query.
 
-Token ids 0, 1 and 2 are [PAD], [CLS] and [SEP] in both tasks. An example is ``(ids, label)``, ``ids``
-a list of at most T token ids starting with [CLS]; :func:`collate` pads a batch of them.
+Token ids 0, 1 and 2 are [PAD], [CLS] and [SEP] in every task; both real-text tasks hash tokens to ids
+alike (:func:`hashed_ids`). An example is ``(ids, label)``, ``ids`` a list of at most T token ids starting
+with [CLS]; :func:`collate` pads a batch of them.
 """
 
 from __future__ import annotations
 
 import gzip
 import json
+import keyword
 import random
+import re
 import statistics
 import zlib
 from collections.abc import Iterator
@@ -31,6 +37,10 @@ import torch
 PAD, CLS, SEP = 0, 1, 2
 SPECIAL_TOKENS = 3
 RETRIEVAL_DATA = Path(__file__).resolve().parent / "data" / "long_range" / "retrieval.json.gz"
+HASH_BUCKETS = 4096
+"""Token ids of the real-text tasks: ``SPECIAL_TOKENS`` plus a token's CRC-32 modulo this."""
+IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+QUERY_MIN_CHARACTERS = 3
 Example = tuple[list[int], int]
 """Token ids (starting with [CLS], at most T of them) and the label."""
 Tree = int | tuple[str, list["Tree"]]
@@ -167,16 +177,26 @@ def retrieval_data(path: Path = RETRIEVAL_DATA) -> dict:
     return json.loads(gzip.decompress(path.read_bytes()))
 
 
+def hashed_id(token: str) -> int:
+    """A token's id in the real-text tasks: ``SPECIAL_TOKENS`` + CRC-32 of its UTF-8 bytes modulo ``HASH_BUCKETS``,
+    so rare names keep ids without a stored vocabulary (and share them with others)."""
+    return SPECIAL_TOKENS + zlib.crc32(token.encode()) % HASH_BUCKETS
+
+
+def hashed_ids(text: str) -> list[int]:
+    """The ids of the tokens of ``text``, which are joined by single spaces (the data's ``head`` and ``tail``)."""
+    return [hashed_id(token) for token in text.split(" ")]
+
+
 class RetrievalTask(Task):
     """Document matching: [CLS] the first (T - 2) // 2 tokens of a file [SEP] its or another file's last
-    (T - 2) // 2 tokens. Tokens map to ids by a fixed hash (CRC-32 into ``HASH_BUCKETS`` buckets), so rare
-    names keep ids without a stored vocabulary. The price, measured at T = 1024: a rare name often shares its
-    id with a common one, and a count of the rare ids both ends share separates the classes at 0.73 on test,
-    against 0.90 for the same count on the tokens themselves. No contender learned the task at a CPU budget
-    (benchmarks/README.md, "Quality at long range")."""
+    (T - 2) // 2 tokens. Tokens map to ids by a fixed hash (:func:`hashed_id`: CRC-32 into ``HASH_BUCKETS``
+    buckets), so rare names keep ids without a stored vocabulary. The price, measured at T = 1024: a rare name
+    often shares its id with a common one, and a count of the rare ids both ends share separates the classes at
+    0.73 on test, against 0.90 for the same count on the tokens themselves. No contender learned the task at a
+    CPU budget (benchmarks/README.md, "Quality at long range")."""
 
     name, num_labels = "retrieval", 2
-    HASH_BUCKETS = 4096
 
     def __init__(self, length: int, path: Path = RETRIEVAL_DATA) -> None:
         super().__init__(length)
@@ -185,16 +205,13 @@ class RetrievalTask(Task):
         if self.half > self.data["segment_tokens"]:
             raise ValueError(f"T={length} needs {self.half} tokens from each end of a file; the data holds "
                              f"{self.data['segment_tokens']} (T up to {2 * self.data['segment_tokens'] + 2})")
-        self.vocab_size = SPECIAL_TOKENS + self.HASH_BUCKETS
-
-    def _ids(self, text: str) -> list[int]:
-        return [SPECIAL_TOKENS + zlib.crc32(token.encode()) % self.HASH_BUCKETS for token in text.split(" ")]
+        self.vocab_size = SPECIAL_TOKENS + HASH_BUCKETS
 
     def _example(self, pair: list[int]) -> Example:
         head_document, tail_document, label = pair
         documents = self.data["documents"]
-        head = self._ids(documents[head_document]["head"])[:self.half]
-        tail = self._ids(documents[tail_document]["tail"])[-self.half:]
+        head = hashed_ids(documents[head_document]["head"])[:self.half]
+        tail = hashed_ids(documents[tail_document]["tail"])[-self.half:]
         return [CLS, *head, SEP, *tail], label
 
     def train_stream(self, seed: int) -> Iterator[Example]:
@@ -208,7 +225,114 @@ class RetrievalTask(Task):
         return [self._example(pair) for pair in self.data["splits"][split][:count]]
 
 
-TASKS: dict[str, type[Task]] = {task.name: task for task in (ListOpsTask, RetrievalTask)}
+def document_tokens(document: dict) -> list[str]:
+    """A document's token stream: its ``head`` tokens, then its ``tail`` tokens (2 x 2047 in the shipped data)."""
+    return document["head"].split(" ") + document["tail"].split(" ")
+
+
+def split_documents(data: dict, split: str) -> list[int]:
+    """The documents of ``split``: those in its pairs, at either end, in index order."""
+    return sorted({document for head, tail, _ in data["splits"][split] for document in (head, tail)})
+
+
+def is_query_candidate(token: str) -> bool:
+    """Whether a token may be a lookup query: an identifier, not a Python keyword, of at least
+    ``QUERY_MIN_CHARACTERS`` characters."""
+    return (len(token) >= QUERY_MIN_CHARACTERS and IDENTIFIER.fullmatch(token) is not None
+            and not keyword.iskeyword(token))
+
+
+@dataclass(frozen=True)
+class LookupWindow:
+    """A document's first T - 3 tokens as ``ids``, the set ``present`` of those ids, and its distinct query
+    candidates in order of first occurrence (an order that does not depend on Python's string hashing)."""
+
+    ids: list[int]
+    present: frozenset[int]
+    candidates: tuple[str, ...]
+
+
+class LookupTask(Task):
+    """Identifier lookup: ``[CLS] d_1 ... d_{T-3} [SEP] q``, d the first T - 3 tokens of a file's token stream
+    (:func:`document_tokens`) and q one identifier (:func:`is_query_candidate`), all as ids (:func:`hashed_id`).
+    The label is exactly a function of the ids: 1 when id(q) is one of id(d_1), ..., id(d_{T-3}), else 0.
+
+    Positives (probability 1/2) draw q uniformly from d's distinct candidates, so frequent names do not
+    dominate; negatives draw another document of the split, uniformly, and q uniformly from its window's distinct
+    candidates, again until id(q) is not among d's ids: a hash collision with any of d's tokens would make
+    the query present, so such draws are rejected. Chance is 0.5 (balanced classes). The query's match can be any
+    of T - 3 positions, up to T - 2 tokens before it, and a model must compare q with every one: a long-range
+    task meant to be learnable at a CPU budget, where retrieval is not (not yet measured).
+
+    A document is used at T when its stream holds T - 3 tokens and its window a candidate. Windows are built
+    once per document and cached in the instance (T is fixed per instance). Training examples come from
+    ``random.Random(seed)``, evaluation examples from ``random.Random(f"lookup/{split}/{T}")``; no document is
+    in two splits."""
+
+    name, num_labels = "lookup", 2
+
+    def __init__(self, length: int, path: Path = RETRIEVAL_DATA) -> None:
+        super().__init__(length)
+        self.data = retrieval_data(path)
+        longest = max(len(document_tokens(document)) for document in self.data["documents"])
+        if length - 3 > longest:
+            raise ValueError(f"T={length} needs {length - 3} tokens of a document; the longest holds {longest} "
+                             f"(T up to {longest + 3})")
+        self.vocab_size = SPECIAL_TOKENS + HASH_BUCKETS
+        self._windows: dict[int, LookupWindow | None] = {}
+        self._split_documents: dict[str, list[int]] = {}
+
+    def window(self, document: int) -> LookupWindow | None:
+        """The document's window at T, or None when it is not used at T (too short, or no candidate)."""
+        if document not in self._windows:
+            tokens = document_tokens(self.data["documents"][document])[:self.length - 3]
+            candidates = tuple(dict.fromkeys(token for token in tokens if is_query_candidate(token)))
+            ids = [hashed_id(token) for token in tokens]
+            used = len(tokens) == self.length - 3 and len(candidates) > 0
+            self._windows[document] = LookupWindow(ids, frozenset(ids), candidates) if used else None
+        return self._windows[document]
+
+    def documents(self, split: str) -> list[int]:
+        """The documents of ``split`` used at T, in index order; at least two (negatives need another)."""
+        if split not in self._split_documents:
+            used = [document for document in split_documents(self.data, split) if self.window(document)]
+            if len(used) < 2:
+                raise ValueError(f"the {split} split has {len(used)} document(s) of at least {self.length - 3} "
+                                 f"tokens with an identifier at T={self.length}; lookup needs two")
+            self._split_documents[split] = used
+        return self._split_documents[split]
+
+    def _absent_query(self, documents: list[int], document: int, present: frozenset[int],
+                      rng: random.Random) -> str:
+        """A candidate of another document whose id is not in ``present``, drawn until one is found."""
+        while True:
+            other = rng.choice(documents)
+            if other != document:
+                query = rng.choice(self.window(other).candidates)
+                if hashed_id(query) not in present:
+                    return query
+
+    def _example(self, split: str, rng: random.Random) -> Example:
+        documents = self.documents(split)
+        document = rng.choice(documents)
+        window = self.window(document)
+        label = rng.randrange(2)
+        query = (rng.choice(window.candidates) if label
+                 else self._absent_query(documents, document, window.present, rng))
+        return [CLS, *window.ids, SEP, hashed_id(query)], label
+
+    def train_stream(self, seed: int) -> Iterator[Example]:
+        """Endless: each example a random training document, label and query from ``random.Random(seed)``."""
+        rng = random.Random(seed)
+        while True:
+            yield self._example("train", rng)
+
+    def evaluation(self, split: str, count: int) -> list[Example]:
+        rng = random.Random(f"lookup/{split}/{self.length}")
+        return [self._example(split, rng) for _ in range(count)]
+
+
+TASKS: dict[str, type[Task]] = {task.name: task for task in (ListOpsTask, RetrievalTask, LookupTask)}
 
 
 def make_task(name: str, length: int) -> Task:

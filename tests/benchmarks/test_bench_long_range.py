@@ -1,12 +1,17 @@
-"""benchmarks/bench_long_range.py end to end on tiny sizes (both tasks, every contender, the results files and
-their fields), the ListOps generator against an independent evaluator, and the document-matching builder's
-labels and splits."""
+"""benchmarks/bench_long_range.py end to end on tiny sizes (every task, every contender, the results files and
+their fields), the ListOps generator against an independent evaluator, the document-matching builder's
+labels and splits, and the lookup task's examples against the data."""
 
 from __future__ import annotations
 
+import gzip
+import itertools
 import json
+import keyword
 import random
+import re
 import statistics
+import zlib
 from collections import Counter
 
 import pytest
@@ -17,11 +22,14 @@ from benchmarks.long_range_tasks import (
     CLS,
     LISTOPS,
     SEP,
+    SPECIAL_TOKENS,
     ListOpsSpec,
     ListOpsTask,
+    LookupTask,
     RetrievalTask,
     collate,
     generate_tree,
+    hashed_ids,
     listops_example,
     make_task,
     retrieval_data,
@@ -238,11 +246,122 @@ def test_a_retrieval_example_is_the_head_and_tail_of_its_pair():
     ids, label = task.evaluation("test", 1)[0]
     head, tail, expected = data["splits"]["test"][0]
     assert label == expected and len(ids) == 64 and ids[0] == CLS and ids[32] == SEP
-    assert ids[1:32] == task._ids(data["documents"][head]["head"])[:31]
-    assert ids[33:] == task._ids(data["documents"][tail]["tail"])[-31:]
+    assert ids[1:32] == hashed_ids(data["documents"][head]["head"])[:31]
+    assert ids[33:] == hashed_ids(data["documents"][tail]["tail"])[-31:]
     assert {label for *_, label in data["splits"]["test"]} == {0, 1}
     with pytest.raises(ValueError, match="T up to 4096"):
         RetrievalTask(8192)
+
+
+def crc_id(token: str) -> int:
+    """The real-text tasks' id of a token, written out: CRC-32 into 4096 buckets after the special tokens."""
+    return SPECIAL_TOKENS + zlib.crc32(token.encode()) % 4096
+
+
+def test_retrieval_ids_are_the_crc32_of_each_token():
+    data = retrieval_data()
+    for (ids, label), (head, tail, expected) in zip(RetrievalTask(64).evaluation("test", 2), data["splits"]["test"]):
+        head_tokens = data["documents"][head]["head"].split(" ")[:31]
+        tail_tokens = data["documents"][tail]["tail"].split(" ")[-31:]
+        assert ids == [CLS, *map(crc_id, head_tokens), SEP, *map(crc_id, tail_tokens)] and label == expected
+
+
+# --------------------------------------------------------------------------- identifier lookup
+
+
+def query_candidate_ids(tokens: list[str]) -> set[int]:
+    """The ids of the tokens a lookup query may be: identifiers, not keywords, at least 3 characters."""
+    return {crc_id(token) for token in tokens if re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", token)
+            and not keyword.iskeyword(token) and len(token) >= 3}
+
+
+def windows_of_split(split: str, length: int) -> dict[tuple[int, ...], set[int]]:
+    """For each document of ``split`` (in its pairs), the ids of its first T - 3 head-then-tail tokens, mapped to
+    the query ids of those windows (documents that begin alike share an entry)."""
+    data, windows = retrieval_data(), {}
+    for document in {index for pair in data["splits"][split] for index in pair[:2]}:
+        tokens = (data["documents"][document]["head"] + " " + data["documents"][document]["tail"]).split(" ")
+        window = tokens[:length - 3]
+        windows.setdefault(tuple(map(crc_id, window)), set()).update(query_candidate_ids(window))
+    return windows
+
+
+@pytest.mark.parametrize(("length", "split", "count"), [(64, "train", 200), (1024, "train", 200), (64, "test", 50),
+                                                        (1024, "validation", 50)])
+def test_a_lookup_example_is_a_documents_beginning_and_a_query_it_holds_or_not(length, split, count):
+    """[CLS], the first T - 3 tokens of a document of the split, [SEP], an identifier's id; label 1 exactly when the
+    query's id is among the document's ids; a positive query is an identifier of the window, a negative one an
+    identifier of another document's window of the same split."""
+    task = LookupTask(length)
+    examples = (itertools.islice(task.train_stream(3), count) if split == "train"
+                else task.evaluation(split, count))
+    windows = windows_of_split(split, length)
+    labels = []
+    for ids, label in examples:
+        assert len(ids) == length and ids[0] == CLS and ids[length - 2] == SEP
+        window, query = tuple(ids[1:length - 2]), ids[-1]
+        assert min(window) >= SPECIAL_TOKENS and query >= SPECIAL_TOKENS
+        assert label == int(query in window)
+        assert window in windows  # the beginning of a document of this split
+        if label:
+            assert query in windows[window]
+        else:
+            assert any(query in queries for other, queries in windows.items() if other != window)
+        labels.append(label)
+    assert set(labels) == {0, 1}
+
+
+def test_lookup_labels_are_balanced_and_positive_queries_are_not_dominated_by_frequent_names():
+    examples = list(itertools.islice(LookupTask(1024).train_stream(0), 400))
+    assert abs(statistics.fmean(label for _, label in examples) - 0.5) <= 0.1
+    positives = Counter(ids[-1] for ids, label in examples if label)
+    # drawn from the window's tokens instead of its distinct identifiers, `self` and its like take about 10%
+    assert positives.most_common(1)[0][1] <= 0.05 * positives.total()
+    assert abs(statistics.fmean(label for _, label in itertools.islice(LookupTask(64).train_stream(0), 400))
+               - 0.5) <= 0.1
+
+
+def test_lookup_evaluation_is_fixed_and_its_documents_are_not_trained_on():
+    task = LookupTask(64)
+    test = task.evaluation("test", 30)
+    assert test == task.evaluation("test", 30) == LookupTask(64).evaluation("test", 30)
+    assert test != task.evaluation("validation", 30) and test[:10] == task.evaluation("test", 10)
+    first = list(itertools.islice(task.train_stream(0), 20))
+    assert first == list(itertools.islice(task.train_stream(0), 20)) != list(itertools.islice(task.train_stream(1), 20))
+    data = retrieval_data()
+    documents = {split: set(task.documents(split)) for split in ("train", "validation", "test")}
+    for split, used in documents.items():
+        assert used <= {index for pair in data["splits"][split] for index in pair[:2]} and len(used) > 1
+    assert not documents["train"] & (documents["validation"] | documents["test"])
+    assert not documents["validation"] & documents["test"]
+    document = task.documents("test")[0]
+    assert task.window(document) is task.window(document)  # built once per document and T
+
+
+def test_lookup_lengths_names_and_documents_without_a_window_are_refused(tmp_path):
+    largest = max(len(d["head"].split(" ")) + len(d["tail"].split(" ")) for d in retrieval_data()["documents"]) + 3
+    with pytest.raises(ValueError, match=f"T up to {largest}"):
+        LookupTask(largest + 1)
+    ((ids, _),) = LookupTask(largest).evaluation("test", 1)
+    assert len(ids) == largest
+    with pytest.raises(ValueError, match="too short"):
+        LookupTask(7)
+    task = make_task("lookup", 64)
+    assert isinstance(task, LookupTask) and task.num_labels == 2 and task.vocab_size == RetrievalTask(64).vocab_size
+    with pytest.raises(ValueError, match="choose from listops, retrieval, lookup"):
+        make_task("lookups", 64)
+    names = " ".join(f"name_{k}" for k in range(10))
+    digits = " ".join(str(k) for k in range(10))
+    data = {"documents": [{"head": names, "tail": names}, {"head": names, "tail": names},
+                          {"head": digits, "tail": digits}, {"head": "abc x", "tail": "y z"}],
+            "splits": {"train": [[0, 1, 0]], "validation": [[2, 2, 1]], "test": [[3, 3, 1]]}}
+    path = tmp_path / "tiny.json.gz"
+    path.write_bytes(gzip.compress(json.dumps(data).encode()))
+    task = LookupTask(16, path)
+    assert task.documents("train") == [0, 1]
+    for split in ("validation", "test"):  # no identifier in 13 tokens; fewer than 13 tokens
+        with pytest.raises(ValueError, match=f"the {split} split has 0 document"):
+            task.evaluation(split, 1)
 
 
 def test_collate_pads_and_masks():
