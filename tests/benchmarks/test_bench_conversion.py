@@ -8,7 +8,14 @@ from pathlib import Path
 import pytest
 
 from benchmarks import bench_conversion
-from benchmarks.bench_conversion import AFTERWARDS, PARAGRAPHS, VARIANTS, convert_command, training_text
+from benchmarks.bench_conversion import (
+    AFTERWARDS,
+    PARAGRAPH_VARIANTS,
+    PARAGRAPHS,
+    VARIANTS,
+    convert_command,
+    training_text,
+)
 from benchmarks.bench_quality import HELDOUT
 
 
@@ -39,14 +46,15 @@ def test_the_other_variants_still_train_on_the_glosses_and_the_shipped_sentences
     text = training_text("sliced_relu_window16_all_layers", tmp_path)
     assert [path.name for path in text] == ["glosses.txt", "convert_train.txt"] and all(p.is_file() for p in text)
     assert PARAGRAPHS not in text
-    assert sum(1 for name in VARIANTS if name.endswith("_paragraphs")) == 3
-    assert sum(1 for name in VARIANTS if name.endswith("_mixed")) == 3
+    for text_kind in ("paragraphs", "mixed"):  # one of each per base variant, none else
+        assert {name for name in VARIANTS if name.endswith(f"_{text_kind}")} == {
+            f"{base}_{text_kind}" for base in PARAGRAPH_VARIANTS}
     command = convert_command("rela", [], text, tmp_path / "out")
     assert text_arguments(command) == [str(path) for path in text]
     assert Path(command[command.index("--output") + 1]) == tmp_path / "out"
 
 
-@pytest.mark.parametrize("base", ["rela", "sliced_relu_window16_all_layers"])
+@pytest.mark.parametrize("base", ["sliced_relu", "rela", "sliced_relu_window16_all_layers"])
 def test_a_mixed_variant_trains_on_the_usual_text_and_the_paragraphs(base, tmp_path):
     mechanism, flags = VARIANTS[f"{base}_mixed"]
     assert (mechanism, flags) == VARIANTS[base]
