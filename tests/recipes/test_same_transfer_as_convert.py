@@ -4,9 +4,11 @@ return the same layers to softmax, ranked by the same attention errors."""
 from __future__ import annotations
 
 import csv
+import dataclasses
 
 import pytest
 
+from hf_sliced_attn import MECHANISMS
 from hf_sliced_attn.convert import ConvertOptions, convert
 
 from tests.recipes.test_glue import SAMPLE, glue, make_tiny, recipe_parts
@@ -25,9 +27,12 @@ def test_convert_and_the_recipe_return_the_same_layers_to_softmax(tmp_path):
     heldout = tmp_path / "heldout.txt"
     heldout.write_text("Return the sum of the arguments.\nOpen the file and read it.\nA queue of pending jobs.\n")
 
+    # every option of the layer the recipe's transfer builds (convert's own defaults differ: a window of 16)
+    built = MECHANISMS["sliced_relu"].make_config(**MECHANISMS["sliced_relu"].conversion_options("finetune"))
+    options = {option.name: getattr(built, option.name) for option in dataclasses.fields(built)}
     converted = convert(ConvertOptions(model=str(model), mechanism="sliced_relu", output_dir=str(tmp_path / "converted"),
                                        text=[str(text)], heldout_text=[str(heldout)], transfer=SETTINGS, seed=SEED,
-                                       max_length=MAX_LENGTH)).report["kept_softmax"]
+                                       max_length=MAX_LENGTH, mechanism_options=options)).report["kept_softmax"]
 
     flags = [f"--{'' if name == 'keep_softmax_layers' else 'attention_transfer_'}{name}" for name in SETTINGS]
     argv = ["--model_name_or_path", model, "--output_dir", tmp_path / "finetuned", "--attn_implementation",
