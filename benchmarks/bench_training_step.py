@@ -22,8 +22,9 @@ user starts fine-tuning. Contenders:
   affine_output=True)``, the options ``hf-sliced-attn convert`` and the recipe's transfer build;
 * ``sliced_relu_converted_window4``: the same with ``local_window=4`` (the shared normaliser), every layer
   converted as the quality benchmark's ``sliced_relu_all_layers`` flow converts it (issue #24);
-* ``sliced_relu_window4_linear1``: every layer with one linear slice, the affine output and the same window of 4:
-  the cheaper converted layer measured against it on the quality benchmark (issue #24);
+* ``sliced_relu_window4_linear1`` and ``sliced_relu_window4_linear4``: every layer with one or four linear slices,
+  the affine output and the same window of 4: the cheaper converted layers measured against it on the quality
+  benchmark (issue #24);
 * ``rela``: ``prepare_config(config, "rela")``;
 * ``attention_free``: the ceiling, not a mechanism: an attention that costs nothing (each token's output is
   its own value row; q and k are still projected, but nothing flows back to them, so their layers' backward
@@ -110,8 +111,9 @@ CONTENDERS: dict[str, Contender] = {
     "sliced_relu": Contender("sliced_relu"),
     "sliced_relu_converted": Contender("sliced_relu", CONVERTED),
     "sliced_relu_converted_window4": Contender("sliced_relu", {**CONVERTED, "local_window": 4}),
-    "sliced_relu_window4_linear1": Contender("sliced_relu", {"num_slices": 1, "projection": "linear",
-                                                             "affine_output": True, "local_window": 4}),
+    **{f"sliced_relu_window4_linear{m}": Contender("sliced_relu", {"num_slices": m, "projection": "linear",
+                                                                  "affine_output": True, "local_window": 4})
+       for m in (1, 4)},
     "rela": Contender("rela"),
     "attention_free": Contender("attention_free", config={"attention_probs_dropout_prob": 0.0}),
 }

@@ -21,7 +21,7 @@ def test_every_contender_takes_a_step(tmp_path):
 
 
 @pytest.mark.parametrize("name", ["attention_free", "sliced_relu_converted", "sliced_relu_converted_window4",
-                                  "sliced_relu_window4_linear1"])
+                                  "sliced_relu_window4_linear1", "sliced_relu_window4_linear4"])
 def test_a_contender_runs_its_attention(name):
     model = bench.build_model(name)
     assert model.config._attn_implementation == bench.CONTENDERS[name].implementation
