@@ -15,6 +15,7 @@ import zlib
 from collections import Counter
 
 import pytest
+import torch
 
 from benchmarks import bench_long_range as bench
 from benchmarks.data.long_range import build_retrieval_data as builder
@@ -362,6 +363,22 @@ def test_lookup_lengths_names_and_documents_without_a_window_are_refused(tmp_pat
     for split in ("validation", "test"):  # no identifier in 13 tokens; fewer than 13 tokens
         with pytest.raises(ValueError, match=f"the {split} split has 0 document"):
             task.evaluation(split, 1)
+
+
+def test_the_training_step_fits_lookup_pairs_that_differ_only_in_the_query():
+    """A control for the training path: 16 windows, each once with an absent query (label 0) and once with one of
+    its own ids as the query (label 1). Fitting all 32 needs the query token and the labels under the key the loss
+    reads; a query truncated or masked away, labels ignored or a frozen model leave the accuracy at 0.5."""
+    task = LookupTask(16)
+    negatives = [ids for ids, label in task.evaluation("validation", 64) if label == 0][:16]
+    examples = [(ids, 0) for ids in negatives] + [([*ids[:-1], ids[5]], 1) for ids in negatives]
+    assert all(label == int(ids[-1] in ids[1:-2]) for ids, label in examples)
+    args = bench.parse_args(["--lengths", "16", "--hidden-size", "32", "--heads", "2"])
+    model = bench.build_model(bench.BY_NAME["sdpa"], task, args, seed=0)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    for _ in range(100):
+        bench.training_step(model, optimizer, collate(examples))
+    assert bench.accuracy(model, examples, batch_size=32) == 1.0
 
 
 def test_collate_pads_and_masks():
