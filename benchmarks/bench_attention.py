@@ -26,7 +26,11 @@ Groups (all contenders map q, k, v (1, 12, T, 64) to (1, 12, T, 64)):
    ``sliced_relu(..., return_denominator=True)`` then ``local_window_attention`` with
    ``combine="shared"`` over the keys within ``WINDOW`` = 64 (on CPU the window's C++ kernel),
    against ``sliced_relu`` alone and ``sdpa``, T = 1024 ... 65536.
-5. ``small/*``: issue #24's small shape, B = 32, T = 128, H = 12, D = 32, a window of 4: the same
+5. ``window_variants``: the same op with windows of 4, 16 and 64 tokens (``sliced_relu_window{4,16,64}``),
+   and with the gate instead of the shared normaliser (``..._gate``, g = 1/2 per head), against ``sliced_relu``
+   alone and ``sdpa``, T = 128, 512, 16384 and 65536: the time columns of the README's table of every-layer
+   variants.
+6. ``small/*``: issue #24's small shape, B = 32, T = 128, H = 12, D = 32, a window of 4: the same
    three contenders (``small/sliced_relu_window4``, ``small/sliced_relu``, ``small/sdpa``).
 
 Modes: ``fwd`` is the forward pass under ``torch.no_grad()``; ``fwd+bwd`` is the forward
@@ -247,12 +251,13 @@ def _qkv_builder(op: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.
     return build
 
 
-def _window_builder(window: int | None, batch: int = 1, dim: int = HEAD_DIM) -> Builder:
-    """sliced_relu with its denominator, then (with a ``window``) local_window_attention "shared" over
-    the keys within ``window`` (gamma = 1 per head), as a converted global layer runs them; q, k and v
-    (batch, H, T, dim), projected as in :func:`_sliced_builder`. Without a window, sliced_relu alone."""
+def _window_builder(window: int | None, batch: int = 1, dim: int = HEAD_DIM, combine: str = "shared") -> Builder:
+    """sliced_relu with its denominator, then (with a ``window``) local_window_attention over the keys within
+    ``window``, combined by ``combine`` ("shared": gamma = 1 per head; "gate": g = 1/2, the modules' initial
+    weights), as a converted global layer runs them; q, k and v (batch, H, T, dim), projected as in
+    :func:`_sliced_builder`. Without a window, sliced_relu alone."""
     directions = _directions(dim)
-    mix = torch.ones(HEADS)
+    mix = torch.full((HEADS,), 1.0 if combine == "shared" else 0.5)
 
     def build(length: int) -> tuple[Forward, list[torch.Tensor]]:
         q, k, v = _qkv(length, batch, dim)
@@ -263,7 +268,7 @@ def _window_builder(window: int | None, batch: int = 1, dim: int = HEAD_DIM) -> 
             if window is None:
                 return sliced_relu(s, t, v)
             sliced, denominator = sliced_relu(s, t, v, return_denominator=True)
-            return local_window_attention(q, k, v, sliced, mix, window=window, combine="shared",
+            return local_window_attention(q, k, v, sliced, mix, window=window, combine=combine,
                                           denominator=denominator)
 
         return forward, [q, k, v]
@@ -336,6 +341,23 @@ WINDOW_GROUP = [
     SLICED_GROUP[0],
     SLICED_GROUP[2],
 ]
+# The window's sizes and combinations (issue #24's table of every-layer variants), at B = 1, D = 64.
+WINDOW_SIZES = (4, 16, 64)
+
+
+def _window_contender(size: int, combine: str) -> Contender:
+    """``sliced_relu_window<size>`` (the shared normaliser) or ``sliced_relu_window<size>_gate``; the window group's
+    own contender for its size and combination (one contender per name)."""
+    name = f"sliced_relu_window{size}" + ("" if combine == "shared" else "_gate")
+    return WINDOW_GROUP[0] if name == WINDOW_GROUP[0].name else Contender(name, _window_builder(size, combine=combine),
+                                                                          N_LOG_N)
+
+
+WINDOW_VARIANTS_GROUP = [
+    *(_window_contender(size, combine) for combine in ("shared", "gate") for size in WINDOW_SIZES),
+    SLICED_GROUP[0],
+    SLICED_GROUP[2],
+]
 # Issue #24's small shape: B = 32 sequences of T = 128, H = 12, D = 32, a window of 4.
 SMALL_BATCH, SMALL_DIM, SMALL_WINDOW = 32, 32, 4
 SMALL_GROUP = [
@@ -345,7 +367,8 @@ SMALL_GROUP = [
     Contender("small/sdpa", _qkv_builder(F.scaled_dot_product_attention, SMALL_BATCH, SMALL_DIM), QUADRATIC_TIME),
 ]
 CONTENDER_NAMES = list(dict.fromkeys(
-    c.name for c in (*SLICED_GROUP, *RELA_GROUP, *ENCODER_GROUP, *WINDOW_GROUP, *SMALL_GROUP)))
+    c.name for c in (*SLICED_GROUP, *RELA_GROUP, *ENCODER_GROUP, *WINDOW_GROUP, *WINDOW_VARIANTS_GROUP,
+                     *SMALL_GROUP)))
 INTERLEAVED_DEFAULT = ("sliced_relu", "sliced_relu_bump", "sdpa")
 """What ``--interleaved`` compares unless ``--contenders`` is given: the bump kernel's bars."""
 
@@ -643,6 +666,9 @@ def groups(quick: bool, selected: list[str] | None, lengths: list[int] | None = 
               [256] if quick else [256, 1024, 4096]),
         Group("window", f"sliced_relu with a shared softmax window of {WINDOW} vs sliced_relu and softmax attention",
               WINDOW_GROUP, [1024] if quick else [1024, 4096, 16384, 65536]),
+        Group("window_variants", f"sliced_relu with a softmax window of {', '.join(map(str, WINDOW_SIZES))} tokens, "
+              "shared normaliser or gate, vs sliced_relu and softmax attention", WINDOW_VARIANTS_GROUP,
+              [128] if quick else [128, 512, 16384, 65536]),
         Group("small", f"B={SMALL_BATCH}, D={SMALL_DIM}: sliced_relu with a shared softmax window of {SMALL_WINDOW} "
               "vs sliced_relu and softmax attention", SMALL_GROUP, [128]),
     ]
