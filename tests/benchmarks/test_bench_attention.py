@@ -2,27 +2,11 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 
+from benchmarks import bench_attention as bench
 from hf_sliced_attn.ops import local_window_attention, sliced_relu
-
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_attention.py"
-
-
-def _load():
-    spec = importlib.util.spec_from_file_location("bench_attention", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-bench = _load()
 
 
 @pytest.mark.parametrize("size", [4, 16, 64])
