@@ -13,8 +13,13 @@ with their label, and batches of them.
   identifier; label 1 when the identifier's id occurs in the file's part (2 classes), with evidence anywhere
   in the file, up to T tokens from the query; not learned yet: softmax stays at chance even at T = 16
   (2 layers, hidden 128, 3000 steps; issue #25's note).
+- ``topic``: topic classification of standard-library source, shipped in ``benchmarks/data/long_range/topic.json.gz``
+  (built by ``build_topic_data.py`` there; its docstring defines the groups and bodies): [CLS] T - 1 consecutive
+  tokens from a random offset of a file's body (after its licence comments, docstring and imports); the label is
+  the file's group (9 classes: concurrency, email, network, gui, code, packaging, formats, numbers, files; chance
+  1/9), with evidence (names, calls, strings) throughout the window. Learned at T = 1024 (:class:`TopicTask`).
 
-Token ids 0, 1 and 2 are [PAD], [CLS] and [SEP] in every task; both real-text tasks hash tokens to ids
+Token ids 0, 1 and 2 are [PAD], [CLS] and [SEP] in every task; the real-text tasks hash tokens to ids
 alike (:func:`hashed_ids`). An example is ``(ids, label)``, ``ids`` a list of at most T token ids starting
 with [CLS]; :func:`collate` pads a batch of them.
 """
@@ -37,7 +42,8 @@ import torch
 
 PAD, CLS, SEP = 0, 1, 2
 SPECIAL_TOKENS = 3
-RETRIEVAL_DATA = Path(__file__).resolve().parent / "data" / "long_range" / "retrieval.json.gz"
+DATA = Path(__file__).resolve().parent / "data" / "long_range"
+RETRIEVAL_DATA, TOPIC_DATA = DATA / "retrieval.json.gz", DATA / "topic.json.gz"
 HASH_BUCKETS = 4096
 """Token ids of the real-text tasks: ``SPECIAL_TOKENS`` plus a token's CRC-32 modulo this."""
 IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -173,9 +179,19 @@ class ListOpsTask(Task):
 
 
 @cache
+def shipped_data(path: Path) -> dict:
+    """A shipped data set: the gzipped JSON at ``path``, read once."""
+    return json.loads(gzip.decompress(path.read_bytes()))
+
+
 def retrieval_data(path: Path = RETRIEVAL_DATA) -> dict:
     """The shipped document-matching data (see ``build_retrieval_data.py``)."""
-    return json.loads(gzip.decompress(path.read_bytes()))
+    return shipped_data(path)
+
+
+def topic_data(path: Path = TOPIC_DATA) -> dict:
+    """The shipped topic data (see ``build_topic_data.py``)."""
+    return shipped_data(path)
 
 
 def hashed_id(token: str) -> int:
@@ -333,7 +349,78 @@ class LookupTask(Task):
         return [self._example(split, rng) for _ in range(count)]
 
 
-TASKS: dict[str, type[Task]] = {task.name: task for task in (ListOpsTask, RetrievalTask, LookupTask)}
+class TopicTask(Task):
+    """Topic classification: ``[CLS] b_o ... b_{o+T-2}``, T - 1 consecutive tokens of a standard-library file's
+    body (:func:`hashed_id`), o a random offset; the label is the file's group (``build_topic_data.GROUPS``, 9:
+    concurrency, email, network, gui, code, packaging, formats, numbers, files), a function of the file alone.
+
+    A body starts after the file's header (licence comments, module docstring, imports), and the file's path is
+    not in an example; its names, calls and strings throughout are the evidence (the package's own name too, where
+    the code uses it: a test of asyncio calls ``asyncio.run``), as a review's words are in LRA's text
+    classification: more of the file, more evidence. Files whose stored body
+    holds fewer than T - 1 tokens are not used at T (never padded or repeated). Files used per split at T = 1024:
+    338 train, 112 validation, 112 test (6 to 60 per group); at T = 4096: 145, 48, 48 (3 to 22 per group).
+
+    An example draws its label uniformly (training, ``random.Random(seed)``) or takes the labels in turn (the
+    i-th evaluation example has label i mod 9, ``random.Random(f"topic/{split}/{T}")``), then a file of that
+    group and split uniformly, then the offset uniformly: chance is 1/9 (the majority share of 256 evaluation
+    examples is 29/256). No file is in two splits, but some code is copied between files (http's status table in
+    test_httplib, lib2to3's copy of tokenize): 0.5% of the 63-token windows of validation and test files also
+    occur in a training file, a tenth of those (490 windows) in one of another group."""
+
+    name = "topic"
+    files: dict[str, list[list[int]]]
+    """Per split, per label, the indices of the files used at T."""
+
+    def __init__(self, length: int, path: Path = TOPIC_DATA) -> None:
+        super().__init__(length)
+        self.data = topic_data(path)
+        if length - 1 > self.data["body_tokens"]:
+            raise ValueError(f"T={length} needs {length - 1} body tokens; the data keeps {self.data['body_tokens']} "
+                             f"(T up to {self.data['body_tokens'] + 1})")
+        self.num_labels = len(self.data["groups"])
+        self.vocab_size = SPECIAL_TOKENS + HASH_BUCKETS
+        self.files = {split: self._group_files(split) for split in ("train", "validation", "test")}
+        self._ids: dict[int, list[int]] = {}
+
+    def _group_files(self, split: str) -> list[list[int]]:
+        """Per label, the files of ``split`` in that group whose body holds a window at T."""
+        files = [[] for _ in self.data["groups"]]
+        for index in self.data["splits"][split]:
+            file = self.data["files"][index]
+            if file["tokens"] >= self.length - 1:
+                files[self.data["groups"].index(file["group"])].append(index)
+        if not all(files):
+            empty = [group for group, members in zip(self.data["groups"], files) if not members]
+            raise ValueError(f"T={self.length}: no {split} file of group(s) {', '.join(empty)} holds "
+                             f"{self.length - 1} body tokens")
+        return files
+
+    def body_ids(self, file: int) -> list[int]:
+        """A file's stored body (its first ``body_tokens``) as ids, built once per file."""
+        if file not in self._ids:
+            self._ids[file] = hashed_ids(self.data["files"][file]["body"])
+        return self._ids[file]
+
+    def example_of(self, split: str, label: int, rng: random.Random) -> tuple[Example, int, int]:
+        """An example of ``label`` from ``split`` (see the class), with its file and offset."""
+        file = rng.choice(self.files[split][label])
+        ids = self.body_ids(file)
+        offset = rng.randrange(len(ids) - (self.length - 1) + 1)
+        return ([CLS, *ids[offset:offset + self.length - 1]], label), file, offset
+
+    def train_stream(self, seed: int) -> Iterator[Example]:
+        """Endless: each example's label, file and offset from ``random.Random(seed)``."""
+        rng = random.Random(seed)
+        while True:
+            yield self.example_of("train", rng.randrange(self.num_labels), rng)[0]
+
+    def evaluation(self, split: str, count: int) -> list[Example]:
+        rng = random.Random(f"topic/{split}/{self.length}")
+        return [self.example_of(split, index % self.num_labels, rng)[0] for index in range(count)]
+
+
+TASKS: dict[str, type[Task]] = {task.name: task for task in (ListOpsTask, RetrievalTask, LookupTask, TopicTask)}
 
 
 def make_task(name: str, length: int) -> Task:

@@ -1,6 +1,7 @@
 """benchmarks/bench_long_range.py end to end on tiny sizes (every task, every contender, the results files and
 their fields), the ListOps generator against an independent evaluator, the document-matching builder's
-labels and splits, and the lookup task's examples against the data."""
+labels and splits, the lookup task's examples against the data, and the topic builder and task (labels, splits,
+windows) against the data."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import gzip
 import itertools
 import json
 import keyword
+import platform
 import random
 import re
 import statistics
@@ -19,21 +21,25 @@ import torch
 
 from benchmarks import bench_long_range as bench
 from benchmarks.data.long_range import build_retrieval_data as builder
+from benchmarks.data.long_range import build_topic_data as topic_builder
 from benchmarks.long_range_tasks import (
     CLS,
     LISTOPS,
     SEP,
     SPECIAL_TOKENS,
+    TOPIC_DATA,
     ListOpsSpec,
     ListOpsTask,
     LookupTask,
     RetrievalTask,
+    TopicTask,
     collate,
     generate_tree,
     hashed_ids,
     listops_example,
     make_task,
     retrieval_data,
+    topic_data,
     tree_tokens,
 )
 
@@ -385,3 +391,150 @@ def test_collate_pads_and_masks():
     batch = collate([([CLS, 5, 6], 1), ([CLS, 7], 0)])
     assert batch["input_ids"].tolist() == [[CLS, 5, 6], [CLS, 7, 0]]
     assert batch["attention_mask"].tolist() == [[1, 1, 1], [1, 1, 0]] and batch["labels"].tolist() == [1, 0]
+
+
+# --------------------------------------------------------------------------- topic classification
+
+
+def body_bytes(body: str) -> bytes:
+    """A body's ids (:func:`crc_id` of each token) as 2-byte big-endian integers, for substring search."""
+    return b"".join(crc_id(token).to_bytes(2, "big") for token in body.split(" "))
+
+
+def files_holding(window: list[int], bodies: dict[int, bytes]) -> set[int]:
+    """The files whose body holds ``window`` as consecutive ids (an aligned match, at an even byte offset)."""
+    needle = b"".join(token.to_bytes(2, "big") for token in window)
+    found = set()
+    for file, haystack in bodies.items():
+        start = haystack.find(needle)
+        while start >= 0 and start % 2:
+            start = haystack.find(needle, start + 1)
+        if start >= 0:
+            found.add(file)
+    return found
+
+
+@pytest.mark.parametrize("length", [64, 1024])
+def test_a_topic_example_is_a_window_of_a_file_of_its_group_and_split(length):
+    """[CLS] and T - 1 consecutive ids of a file's body: a file of the split holds the window, and every file that
+    holds it is of the group the label names (the label is a function of the file), for training and evaluation
+    examples. (A file of another split may hold it too: some code is copied between files, e.g. http's status
+    table in test_httplib; 0.5% of 63-token windows of validation and test files occur in a training file, a tenth
+    of those in one of another group, none among these examples.)"""
+    data, task = topic_data(), TopicTask(length)
+    bodies = {file: body_bytes(data["files"][file]["body"]) for file in range(len(data["files"]))}
+    split_of = {file: split for split, files in data["splits"].items() for file in files}
+    streams = {"train": list(itertools.islice(task.train_stream(5), 40)),
+               "validation": task.evaluation("validation", 27), "test": task.evaluation("test", 27)}
+    for split, examples in streams.items():
+        for ids, label in examples:
+            assert len(ids) == length and ids[0] == CLS and min(ids[1:]) >= SPECIAL_TOKENS
+            holders = files_holding(ids[1:], bodies)
+            assert split in {split_of[file] for file in holders}
+            assert {data["files"][file]["group"] for file in holders} == {data["groups"][label]}
+    assert len({label for _, label in streams["train"]}) > 5
+
+
+def test_topic_windows_start_anywhere_in_the_body_and_never_at_the_header():
+    """Offsets are uniform over the body (not just its start); a body never starts with the header: no import, no
+    docstring, no comment, no ``__all__``."""
+    task, data = TopicTask(1024), topic_data()
+    rng = random.Random(0)
+    drawn = [task.example_of("test", label % 9, rng) for label in range(90)]
+    for (ids, _), file, offset in drawn:
+        assert ids[1:] == hashed_ids(data["files"][file]["body"])[offset:offset + 1023]
+    offsets = [offset for *_, offset in drawn]
+    assert sum(offset > 0 for offset in offsets) >= 80 and max(offsets) > 2000
+    first = Counter(file["body"].split(" ")[0] for file in data["files"])
+    assert not {"import", "from", "#", '"', "'", "__all__"} & set(first)
+
+
+def test_topic_splits_are_disjoint_by_file_and_hold_every_group_at_1024_and_4096():
+    data = topic_data()
+    splits = {name: set(files) for name, files in data["splits"].items()}
+    assert not splits["train"] & splits["validation"] and not splits["train"] & splits["test"]
+    assert not splits["validation"] & splits["test"]
+    assert set().union(*splits.values()) == set(range(len(data["files"])))
+    counts = {}
+    for length in (1024, 4096):
+        task = TopicTask(length)
+        for split, per_label in task.files.items():
+            assert all(per_label) and all(data["groups"].index(data["files"][f]["group"]) == label
+                                          for label, files in enumerate(per_label) for f in files)
+            assert all(data["files"][f]["tokens"] >= length - 1 for files in per_label for f in files)
+            counts[split, length] = sum(map(len, per_label))
+    # the class docstring's counts
+    assert [counts[split, 1024] for split in ("train", "validation", "test")] == [338, 112, 112]
+    assert [counts[split, 4096] for split in ("train", "validation", "test")] == [145, 48, 48]
+
+
+def test_topic_classes_are_balanced():
+    task = TopicTask(256)
+    assert task.num_labels == len(topic_builder.GROUPS) == 9
+    for split in ("validation", "test"):
+        counts = Counter(label for _, label in task.evaluation(split, 256))
+        assert set(counts) == set(range(9)) and max(counts.values()) - min(counts.values()) <= 1
+    counts = Counter(label for _, label in itertools.islice(task.train_stream(0), 900))
+    assert set(counts) == set(range(9)) and all(60 <= count <= 140 for count in counts.values())
+    test = task.evaluation("test", 30)
+    assert test == TopicTask(256).evaluation("test", 30) != task.evaluation("validation", 30)
+
+
+def test_the_topic_builder_keeps_bodies_after_the_header_and_groups_by_path(tmp_path):
+    stdlib = tmp_path / "lib"
+    body = "\n".join(f"    value_{k} = compute_{k}(value_{k - 1})" for k in range(1, 401))
+    header = ('# Copyright mailbox licence\n"""mailbox: the module docstring."""\n\nimport os\nfrom email import '
+              'message\n__all__ = ["Box"]\n__version__: str = "1"\n\n# a comment before the code\n')
+    (stdlib / "email").mkdir(parents=True)
+    (stdlib / "mailbox.py").write_text(header + "@decorate\nclass Box:\n" + body + "\n")
+    (stdlib / "email" / "parser.py").write_text('"""parser"""\ndef parse():\n' + body + "\n")
+    (stdlib / "email" / "short.py").write_text("def f():\n    return 1\n")  # a body under 1023 tokens
+    (stdlib / "email" / "broken.py").write_text("def f(:\n" + body)  # does not parse
+    (stdlib / "email" / "zz_copy.py").write_text((stdlib / "email" / "parser.py").read_text())  # a repeated text
+    (stdlib / "colorsys.py").write_text("def f():\n" + body)  # in no group
+    data = topic_builder.build(stdlib, seed=0)
+    files = {file["path"]: file for file in data["files"]}
+    assert set(files) == {"email/parser.py", "mailbox.py"} and {f["group"] for f in files.values()} == {"email"}
+    tokens = files["mailbox.py"]["body"].split(" ")
+    assert tokens[:6] == ["@", "decorate", "class", "Box", ":", "value_1"]
+    assert not {"Copyright", "mailbox", "docstring", "import", "os", "__all__", "__version__", "comment"} & set(tokens)
+    assert files["mailbox.py"]["tokens"] == len(tokens) == 5 + 400 * 6
+    assert files["email/parser.py"]["body"].split(" ")[:2] == ["def", "parse"]
+    assert data == topic_builder.build(stdlib, seed=0)
+    assert topic_builder.group_of("test/test_email/test_utils.py") == "email"
+    assert topic_builder.group_of("test/test_asyncio/test_tasks.py") == "concurrency"
+    assert topic_builder.group_of("test/test_xmlrpc.py") == "network" and topic_builder.group_of("colorsys.py") is None
+
+
+@pytest.mark.skipif(platform.python_version() != "3.11.7", reason="the shipped data is built from CPython 3.11.7")
+def test_the_shipped_topic_data_is_what_its_builder_makes_from_this_standard_library(tmp_path):
+    assert topic_builder.main(["--output", str(tmp_path / "topic.json.gz")]) == 0
+    assert (tmp_path / "topic.json.gz").read_bytes() == TOPIC_DATA.read_bytes()
+    data = topic_data()
+    assert len(data["files"]) == 562 and all(f["tokens"] >= 1023 for f in data["files"])
+
+
+def test_topic_lengths_and_splits_without_a_group_are_refused(tmp_path):
+    with pytest.raises(ValueError, match="T up to 8193"):
+        TopicTask(8194)
+    files = [{"path": f"{k}.py", "group": group, "tokens": 20, "body": " ".join(["x"] * 20)}
+             for k, group in enumerate(["a", "b", "a", "b", "a"])]
+    data = {"groups": ["a", "b"], "body_tokens": 20, "files": files,
+            "splits": {"train": [0, 1], "validation": [2, 3], "test": [4]}}
+    path = tmp_path / "tiny.json.gz"
+    path.write_bytes(gzip.compress(json.dumps(data).encode()))
+    with pytest.raises(ValueError, match="no test file of group"):
+        TopicTask(16, path)
+
+
+def test_a_tiny_topic_run_of_the_benchmark_finishes(tmp_path):
+    argv = ["--tasks", "topic", "--contenders", "sdpa,hybrid", "--lengths", "32", "--seeds", "0", "--steps", "3",
+            "--hidden-size", "16", "--heads", "2", "--local-window", "8", "--evaluations", "1",
+            "--validation-examples", "9", "--test-examples", "18", "--output", str(tmp_path)]
+    assert bench.main(argv) == 0
+    raw = json.loads((tmp_path / "long_range.json").read_text())
+    assert [(run["task"], run["contender"], run["steps"]) for run in raw["runs"]] == [
+        ("topic", "sdpa", 3), ("topic", "hybrid", 3)]
+    assert raw["chance"]["topic/32"]["test"] == {"majority_label": 0, "majority_share": 2 / 18, "uniform": 1 / 9,
+                                                 "examples": 18}
+    assert "| topic | 32 | sdpa |" in (tmp_path / "long_range.md").read_text()
