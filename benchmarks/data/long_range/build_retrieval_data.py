@@ -42,7 +42,9 @@ import platform
 import random
 import re
 import sysconfig
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 TOKEN = re.compile(r"[A-Za-z_][A-Za-z0-9_]*|\d+|\S")
 """A token: an identifier, a number, or any other non-space character."""
@@ -117,17 +119,25 @@ def build(stdlib: Path, seed: int) -> dict[str, object]:
     }
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def run_builder(argv: list[str] | None, description: str, output: Path,
+                build_data: Callable[[Path, int], dict[str, Any]], summary: Callable[[dict[str, Any]], str]) -> int:
+    """The command line the long-range builders share: ``--stdlib`` (the sources read), ``--output`` (default
+    ``output``) and ``--seed``; writes ``build_data(stdlib, seed)`` as gzipped JSON (no timestamp, so the same
+    sources give the same bytes) and prints ``summary(data)``."""
+    parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--stdlib", type=Path, default=Path(sysconfig.get_paths()["stdlib"]))
-    parser.add_argument("--output", type=Path, default=OUTPUT)
+    parser.add_argument("--output", type=Path, default=output)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
-    data = build(args.stdlib, args.seed)
+    data = build_data(args.stdlib, args.seed)
     args.output.write_bytes(gzip.compress(json.dumps(data, separators=(",", ":")).encode(), mtime=0))
-    counts = {name: len(pairs) for name, pairs in data["splits"].items()}
-    print(f"{len(data['documents'])} documents, pairs {counts}: wrote {args.output}")
+    print(f"{summary(data)}: wrote {args.output}")
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run_builder(argv, __doc__.split("\n\n")[0], OUTPUT, build, lambda data: (
+        f"{len(data['documents'])} documents, pairs {({name: len(pairs) for name, pairs in data['splits'].items()})}"))
 
 
 if __name__ == "__main__":

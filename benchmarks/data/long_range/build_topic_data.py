@@ -32,22 +32,19 @@ standard library and the seed: running it twice gives the same bytes.
 
 from __future__ import annotations
 
-import argparse
 import ast
 import fnmatch
-import gzip
 import hashlib
-import json
 import platform
 import random
 import sys
-import sysconfig
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3]))  # run from a checkout without installing
 
 from benchmarks.data.long_range.build_retrieval_data import (
     TOKEN,
+    run_builder,
     split_documents,
     tokenize,
 )
@@ -199,16 +196,9 @@ def build(stdlib: Path, seed: int) -> dict[str, object]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--stdlib", type=Path, default=Path(sysconfig.get_paths()["stdlib"]))
-    parser.add_argument("--output", type=Path, default=OUTPUT)
-    parser.add_argument("--seed", type=int, default=0)
-    args = parser.parse_args(argv)
-    data = build(args.stdlib, args.seed)
-    args.output.write_bytes(gzip.compress(json.dumps(data, separators=(",", ":")).encode(), mtime=0))
-    counts = {name: len(indices) for name, indices in data["splits"].items()}
-    print(f"{len(data['files'])} files in {len(GROUPS)} groups, per split {counts}: wrote {args.output}")
-    return 0
+    return run_builder(argv, __doc__.split("\n\n")[0], OUTPUT, build, lambda data: (
+        f"{len(data['files'])} files in {len(GROUPS)} groups, "
+        f"per split {({name: len(indices) for name, indices in data['splits'].items()})}"))
 
 
 if __name__ == "__main__":
