@@ -33,6 +33,9 @@ of them), the same initialisation seed, data order, optimiser and budget; only t
 ``sliced_relu``                sliced ReLU on every layer, the paper's formula (1 slice, linear projection)
 ``sliced_relu_tuned``          sliced ReLU on every layer with the options measured best in conversion
                                (README: 4 slices, the authors' MLP projection, learned gain and mean value)
+``sliced_relu_window``         ``sliced_relu_tuned`` plus softmax over the keys within 4 tokens in each layer,
+                               combined by the shared normaliser (``local_window=4``: issue #24's every-layer
+                               conversion)
 ``rela``                       ReLA on every layer
 ``hybrid``                     ModernBERT's mix: a global layer every 2nd (layers 0, 2, ...) running sliced
                                ReLU (paper's formula, ``layers="global"``), softmax within
@@ -52,8 +55,11 @@ preparation or evaluation. At progress 1/E, 2/E, ..., 1 (E = ``--evaluations``) 
 ``--validation-examples`` validation examples: each run yields an accuracy-versus-training-time curve. At
 the end it is evaluated once on ``--test-examples`` test examples. Peak memory: the growth of the
 process's resident-set high-water mark over the whole run (``benchmarks/_harness.py``: ``peak_run``),
-model, training and evaluation included. Runs go task by task, T by T, seed by seed, the contenders of a
-seed one after another, so that a slow period of the shared machine hits them alike.
+model, training and evaluation included; on a GPU (``--device cuda``) the allocator's peak above the memory
+allocated before the run. Runs go task by task, T by T, seed by seed, the contenders of a seed one after another,
+so that a slow period of the shared machine hits them alike. ``--jobs N`` runs N at a time, each in its own
+process (a small model leaves most of a GPU idle): allowed at equal steps only, since runs that share the machine
+get less of it each; a run sees the same seed, data and steps as it would alone.
 
 Report (``<output>/long_range.{md,json,png}``, ``<output>`` = ``benchmarks/results`` unless ``--output``):
 the environment (command, commit and whether the sources were dirty, versions, threads, load), the
@@ -84,6 +90,8 @@ Commands (times on the shared 2-core machine, one thread; they double when other
     python benchmarks/bench_long_range.py --tasks retrieval --lengths 4096 --steps 2 --seeds 0 --evaluations 1 \
         --validation-examples 8 --test-examples 8 --output benchmarks/results/long_range_4096_memory  # peak memory
     python benchmarks/bench_long_range.py --lengths 1024,4096 --seconds 1200 --steps 1000000   # equal time (~20 h)
+    python benchmarks/bench_long_range.py --tasks listops --device cuda --jobs 18 --batch-size 32 \
+        --warmup-steps 100 --steps 3000 --contenders sdpa,sliced_relu,sliced_relu_tuned,sliced_relu_window,rela,hybrid
     python benchmarks/bench_long_range.py --lengths 64 --steps 4 --seeds 0 --hidden-size 16 --output /tmp/lr
 """
 
@@ -91,10 +99,12 @@ from __future__ import annotations
 
 import argparse
 import functools
+import multiprocessing
 import statistics
 import sys
 from collections import Counter
 from collections.abc import Iterator
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -155,6 +165,10 @@ CONTENDERS = [
     Contender("sliced_relu_tuned", "sliced_relu",
               {**PAPER, "num_slices": 4, "projection": "mlp", "affine_output": True}, 1,
               "sliced ReLU on every layer, 4 slices, MLP projection, learned gain and mean value"),
+    Contender("sliced_relu_window", "sliced_relu",
+              {**PAPER, "num_slices": 4, "projection": "mlp", "affine_output": True, "local_window": 4}, 1,
+              "sliced_relu_tuned plus softmax over the keys within 4 tokens, combined by the shared normaliser "
+              "(issue #24's every-layer conversion)"),
     Contender("rela", "rela", PAPER, 1, "ReLA on every layer"),
     Contender("hybrid", "sliced_relu", {"layers": "global"}, 2,
               "every 2nd layer global with sliced ReLU (paper's formula), softmax in a local window on the others"),
@@ -219,13 +233,18 @@ class RunRecord:
     peak_bytes: int = 0
 
 
-def accuracy(model: torch.nn.Module, examples: list[Example], batch_size: int) -> float:
+def device_batch(examples: list[Example], device: torch.device) -> dict[str, torch.Tensor]:
+    """``examples`` collated (:func:`~benchmarks.long_range_tasks.collate`) onto ``device``."""
+    return {name: tensor.to(device) for name, tensor in collate(examples).items()}
+
+
+def accuracy(model: torch.nn.Module, examples: list[Example], batch_size: int, device: torch.device) -> float:
     """The share of ``examples`` whose argmax prediction is their label."""
     model.eval()
     correct = 0
     with torch.inference_mode():
         for start in range(0, len(examples), batch_size):
-            batch = collate(examples[start:start + batch_size])
+            batch = device_batch(examples[start:start + batch_size], device)
             labels = batch.pop("labels")
             correct += int((model(**batch).logits.argmax(-1) == labels).sum())
     model.train()
@@ -250,14 +269,15 @@ def train(record: RunRecord, model: torch.nn.Module, task: Task, args: argparse.
           evaluation: dict[str, list[Example]]) -> None:
     """Train ``model`` on the task's stream for ``record.seed`` until progress 1, evaluating at every
     1/``--evaluations`` of progress, then on the test examples; fills ``record``."""
+    device = torch.device(args.device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.learning_rate, weight_decay=0.01)
     stream: Iterator[Example] = task.train_stream(record.seed)
     losses: list[float] = []
-    bar = tqdm(total=args.steps if not args.seconds else None, leave=False, mininterval=5,
+    bar = tqdm(total=args.steps if not args.seconds else None, leave=False, mininterval=5, disable=args.jobs > 1,
                desc=f"{record.task} T={record.length} {record.contender} seed {record.seed}")
     model.train()
     while (done := progress(record.steps, record.train_seconds, args)) < 1:
-        batch = collate([next(stream) for _ in range(args.batch_size)])
+        batch = device_batch([next(stream) for _ in range(args.batch_size)], device)
         for group in optimizer.param_groups:
             group["lr"] = args.learning_rate * min(1.0, (record.steps + 1) / args.warmup_steps) * (1 - done)
         loss, seconds = timed(functools.partial(training_step, model, optimizer, batch))
@@ -268,13 +288,14 @@ def train(record: RunRecord, model: torch.nn.Module, task: Task, args: argparse.
         if progress(record.steps, record.train_seconds, args) * args.evaluations >= len(record.curve) + 1 - 1e-9:
             record.curve.append({"step": record.steps, "train_seconds": record.train_seconds,
                                  "train_loss": statistics.fmean(losses),
-                                 "validation_accuracy": accuracy(model, evaluation["validation"], 2 * args.batch_size)})
+                                 "validation_accuracy": accuracy(model, evaluation["validation"],
+                                                                 2 * args.batch_size, device)})
             bar.set_postfix(loss=f"{record.curve[-1]['train_loss']:.3f}",
                             val=f"{record.curve[-1]['validation_accuracy']:.3f}")
             losses.clear()
     bar.close()
     record.stopped_by = "steps" if record.steps >= args.steps else "seconds"
-    record.test_accuracy = accuracy(model, evaluation["test"], 2 * args.batch_size)
+    record.test_accuracy = accuracy(model, evaluation["test"], 2 * args.batch_size, device)
 
 
 def run_one(contender: Contender, task: Task, seed: int, args: argparse.Namespace,
@@ -283,31 +304,54 @@ def run_one(contender: Contender, task: Task, seed: int, args: argparse.Namespac
     record = RunRecord(task.name, task.length, contender.name, seed)
 
     def whole_run() -> None:
-        model = build_model(contender, task, args, seed)
+        model = build_model(contender, task, args, seed).to(args.device)
         record.layer_modes = layer_modes(model)
         train(record, model, task, args, evaluation)
 
-    record.wall_seconds, record.peak_bytes = peak_run(whole_run)
+    record.wall_seconds, record.peak_bytes = peak_run(whole_run, torch.device(args.device))
     print(f"  {task.name} T={task.length} {contender.name:18s} seed {seed}: {record.steps} steps, "
           f"{record.train_seconds:.0f} s training, test accuracy {record.test_accuracy:.3f}, "
           f"peak +{fmt_bytes(record.peak_bytes)}", flush=True)
     return record
 
 
+@functools.cache
+def task_examples(name: str, length: int, validation: int, test: int) -> tuple[Task, dict[str, list[Example]]]:
+    """The task ``name`` at T = ``length`` and its fixed validation and test examples (built once a process)."""
+    task = make_task(name, length)
+    return task, {"validation": task.evaluation("validation", validation), "test": task.evaluation("test", test)}
+
+
+def run_job(job: tuple[str, int, int, str], args: argparse.Namespace) -> RunRecord:
+    """One run of the plan: (task, T, seed, contender)."""
+    name, length, seed, contender = job
+    torch.set_num_threads(args.threads)
+    task, evaluation = task_examples(name, length, args.validation_examples, args.test_examples)
+    return run_one(BY_NAME[contender], task, seed, args, evaluation)
+
+
 def run_all(args: argparse.Namespace) -> tuple[list[RunRecord], dict[str, dict[str, Any]]]:
-    """Every task, T, seed and contender; the records, and per task and T the chance levels of its validation and
-    test examples."""
-    records, chance = [], {}
-    plan = [(name, length, seed) for name in args.tasks for length in args.lengths for seed in args.seeds]
-    overall = tqdm(total=len(plan) * len(args.contenders), desc="runs", mininterval=1)
-    for name, length, seed in plan:
-        task = make_task(name, length)
-        evaluation = {"validation": task.evaluation("validation", args.validation_examples),
-                      "test": task.evaluation("test", args.test_examples)}
+    """Every task, T, seed and contender, ``--jobs`` runs at a time (each in its own process when more than one);
+    the records in plan order, and per task and T the chance levels of its validation and test examples."""
+    plan = [(name, length, seed, contender) for name in args.tasks for length in args.lengths
+            for seed in args.seeds for contender in args.contenders]
+    chance = {}
+    for name, length in dict.fromkeys((name, length) for name, length, _, _ in plan):
+        task, evaluation = task_examples(name, length, args.validation_examples, args.test_examples)
         chance[f"{name}/{length}"] = {split: chance_levels(task, examples) for split, examples in evaluation.items()}
-        for contender in args.contenders:
-            records.append(run_one(BY_NAME[contender], task, seed, args, evaluation))
+    overall = tqdm(total=len(plan), desc="runs", mininterval=1)
+    if args.jobs == 1:
+        records = []
+        for job in plan:
+            records.append(run_job(job, args))
             overall.update()
+    else:
+        records = [None] * len(plan)
+        with ProcessPoolExecutor(args.jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
+            futures = {pool.submit(run_job, job, args): index for index, job in enumerate(plan)}
+            for future in as_completed(futures):
+                records[futures[future]] = future.result()
+                overall.update()
     overall.close()
     return records, chance
 
@@ -378,7 +422,7 @@ def results_table(rows: list[dict[str, Any]]) -> list[str]:
     lines = ["## Test accuracy and costs", "",
              ("Accuracy: mean ± std over seeds (each seed). Chance: the majority label's share of the test examples "
               "/ 1 ÷ classes. Difference: accuracy − sdpa's, same seed, mean [95% t-interval]. Peak: the largest "
-              "resident-memory growth over the seeds' runs."), "",
+              "memory growth over the seeds' runs (resident set on CPU, allocator on a GPU)."), "",
              f"| task | T | contender | test accuracy | chance | − majority | − {REFERENCE} | steps | training s | wall s "
              "| peak |", "|---|---:|---|---|---|---:|---|---:|---:|---:|---:|"]
     for row in rows:
@@ -427,7 +471,9 @@ def settings_line(args: argparse.Namespace) -> str:
             f"0.01, batch {args.batch_size}, warm-up {args.warmup_steps} steps then linear decay; steps "
             f"{args.steps}, seconds {args.seconds or 'unlimited'}; {args.evaluations} evaluations on "
             f"{args.validation_examples} validation examples, test on {args.test_examples}; seeds "
-            f"{', '.join(map(str, args.seeds))}; {torch.get_num_threads()} torch thread(s).")
+            f"{', '.join(map(str, args.seeds))}; {args.threads} torch thread(s) a run; device {args.device}"
+            + (f"; {args.jobs} runs at a time, each in its own process (their times share the machine)."
+               if args.jobs > 1 else "."))
 
 
 def report(run: Run, args: argparse.Namespace, records: list[RunRecord], rows: list[dict[str, Any]],
@@ -480,10 +526,19 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--pooling", choices=("cls", "mean"), default="cls",
                         help="ModernBERT's classifier_pooling: masked mean over the tokens, or the [CLS] token")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1: the machine is shared)")
+    parser.add_argument("--device", default="cpu", help="torch device of the models (default cpu; e.g. cuda)")
+    parser.add_argument("--jobs", type=int, default=1,
+                        help="runs at a time, each in its own process (default 1); more only at equal steps")
     parser.add_argument("--output", type=Path, default=RESULTS, help="results directory (default benchmarks/results)")
     args = parser.parse_args(argv)
     if args.steps < 1 or args.seconds < 0 or args.batch_size < 1 or args.evaluations < 1 or args.warmup_steps < 1:
         parser.error("--steps, --batch-size, --evaluations and --warmup-steps must be positive, --seconds >= 0")
+    if args.jobs < 1 or (args.jobs > 1 and args.seconds):
+        parser.error(f"--jobs {args.jobs}: runs at a time must be at least 1, and more than 1 only at equal steps "
+                     "(--seconds 0): runs that share the machine get less of it, so their training seconds do not "
+                     "compare")
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        parser.error(f"--device {args.device}: no CUDA GPU is visible to torch here; leave --device at cpu")
     return args
 
 

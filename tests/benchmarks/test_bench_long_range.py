@@ -107,7 +107,7 @@ def test_each_contender_runs_the_attention_it_claims(results):
     _, raw, _ = results
     modes = {r["contender"]: r["layer_modes"] for r in raw["runs"]}
     assert modes["sdpa"] == [None, None]
-    assert modes["sliced_relu"] == modes["sliced_relu_tuned"] == ["sliced_relu", "sliced_relu"]
+    assert modes["sliced_relu"] == modes["sliced_relu_tuned"] == modes["sliced_relu_window"] == ["sliced_relu"] * 2
     assert modes["rela"] == ["rela", "rela"]
     assert modes["hybrid"] == ["sliced_relu", "softmax"]  # layer 0 global, layer 1 local
 
@@ -140,6 +140,35 @@ def test_an_equal_time_run_stops_on_its_clock(tmp_path):
     (run,) = raw["runs"]
     assert run["stopped_by"] == "seconds" and run["steps"] < 100000 and run["train_seconds"] >= 0.05
     assert raw["comparison"] == "equal wall time"
+
+
+def test_runs_in_parallel_processes_match_runs_one_at_a_time(tmp_path):
+    """--jobs 2 gives each run the seed, data and steps it gets alone: the same curves and test accuracies."""
+    argv = ["--tasks", "listops", "--contenders", "sdpa,sliced_relu", "--lengths", "32", "--seeds", "0,1",
+            "--steps", "3", "--hidden-size", "16", "--heads", "2", "--batch-size", "4", "--warmup-steps", "2",
+            "--evaluations", "2", "--validation-examples", "8", "--test-examples", "8"]
+    records = {}
+    for jobs in (1, 2):
+        assert bench.main([*argv, "--jobs", str(jobs), "--output", str(tmp_path / str(jobs))]) == 0
+        raw = json.loads((tmp_path / str(jobs) / "long_range.json").read_text())
+        records[jobs] = [(r["contender"], r["seed"], r["steps"], r["test_accuracy"],
+                          [(p["step"], p["train_loss"], p["validation_accuracy"]) for p in r["curve"]])
+                         for r in raw["runs"]]
+        assert raw["settings"]["jobs"] == jobs
+    assert records[1] == records[2]
+    assert [(contender, seed) for contender, seed, *_ in records[2]] == [
+        ("sdpa", 0), ("sliced_relu", 0), ("sdpa", 1), ("sliced_relu", 1)]
+    assert "2 runs at a time, each in its own process" in (tmp_path / "2" / "long_range.md").read_text()
+
+
+def test_parallel_runs_are_refused_at_equal_time_and_a_missing_gpu_is_named(capsys):
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--jobs", "2", "--seconds", "60"])
+    assert "more than 1 only at equal steps (--seconds 0)" in capsys.readouterr().err
+    if not torch.cuda.is_available():
+        with pytest.raises(SystemExit):
+            bench.parse_args(["--device", "cuda"])
+        assert "no CUDA GPU is visible to torch here" in capsys.readouterr().err
 
 
 # --------------------------------------------------------------------------- ListOps
@@ -384,7 +413,7 @@ def test_the_training_step_fits_lookup_pairs_that_differ_only_in_the_query():
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
     for _ in range(100):
         bench.training_step(model, optimizer, collate(examples))
-    assert bench.accuracy(model, examples, batch_size=32) == 1.0
+    assert bench.accuracy(model, examples, batch_size=32, device=torch.device("cpu")) == 1.0
 
 
 def test_collate_pads_and_masks():
