@@ -79,8 +79,15 @@ def test_rela_and_value_mean_on_cuda(window):
     assert_matches_reference(rela, rela_reference, dict(query=q, key=k, value=v, key_padding_mask=mask),
                              differentiable=("query", "key", "value"), rtol=1e-5, grad_rtol=1e-4,
                              sliding_window=window)
-    assert_matches_reference(value_mean, value_mean_reference, dict(value=v, key_padding_mask=mask),
+    assert_matches_reference(value_mean_per_query, value_mean_reference, dict(value=v, key_padding_mask=mask),
                              differentiable=("value",), rtol=1e-5, grad_rtol=1e-4, sliding_window=window)
+
+
+def value_mean_per_query(value: torch.Tensor, key_padding_mask: torch.Tensor | None,
+                         sliding_window: int | None) -> torch.Tensor:
+    """value_mean with one row per query, (B, H, T, D), as the reference gives it (without a window it
+    returns the one shared row, (B, H, 1, D))."""
+    return value_mean(value, key_padding_mask, sliding_window=sliding_window).expand(value.shape)
 
 
 @pytest.mark.parametrize("return_lse", [False, True], ids=["out", "out-lse"])
