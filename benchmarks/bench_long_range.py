@@ -78,7 +78,9 @@ defaults, 600 steps at lr 3e-3, one setting for every contender. Document matchi
 contender at a CPU budget: even at T = 128 (identifiers only, lr 1e-3) softmax's training loss stays at
 ln 2 for 1000 steps. Topic classification is learned at the defaults by every contender (T = 1024, 3 seeds,
 every run at least 0.147 above chance 0.111; benchmarks/README.md gives the results at equal steps and, at
-T = 4096, at equal wall time).
+T = 4096, at equal wall time). ListOps on a GPU (batch 32, 700-1000 steps, 3 seeds;
+``benchmarks/results/long_range_listops_gpu/``): softmax, ReLA (lr 1e-3), the hybrid and ``sliced_relu_window``
+learn it, sliced ReLU on every layer without a window does not reliably (one seed of three at lr 1e-3).
 
 Commands (times on the shared 2-core machine, one thread; they double when other jobs load it)::
 
