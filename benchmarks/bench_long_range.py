@@ -351,9 +351,13 @@ def run_all(args: argparse.Namespace) -> tuple[list[RunRecord], dict[str, dict[s
         records = [None] * len(plan)
         with ProcessPoolExecutor(args.jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
             futures = {pool.submit(run_job, job, args): index for index, job in enumerate(plan)}
-            for future in as_completed(futures):
-                records[futures[future]] = future.result()
-                overall.update()
+            try:
+                for future in as_completed(futures):
+                    records[futures[future]] = future.result()
+                    overall.update()
+            except BaseException:  # a failed run (or Ctrl-C) stops the queued ones instead of waiting for them
+                pool.shutdown(wait=False, cancel_futures=True)
+                raise
     overall.close()
     return records, chance
 
