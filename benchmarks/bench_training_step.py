@@ -2,6 +2,8 @@
 
     python benchmarks/bench_training_step.py                          # 32x128 and 8x512, 5 timed steps
     python benchmarks/bench_training_step.py --shapes 4x32 --steps 2 --threads 1 --output /tmp/ts_smoke
+    python benchmarks/bench_training_step.py --shapes 32x128 \
+        --contenders sliced_relu_converted_window4,sliced_relu_hybrid,attention_free
 
 What is measured: the wall time (``time.perf_counter``) of one training step of
 ``AutoModelForSequenceClassification`` loaded with ``from_pretrained`` from the real
@@ -21,7 +23,11 @@ user starts fine-tuning. Contenders:
 * ``sliced_relu_converted``: ``prepare_config(config, "sliced_relu", num_slices=4, projection="mlp",
   affine_output=True)``, the options ``hf-sliced-attn convert`` and the recipe's transfer build;
 * ``sliced_relu_converted_window4``: the same with ``local_window=4`` (the shared normaliser), every layer
-  converted as the quality benchmark's ``sliced_relu_all_layers`` flow converts it (issue #24);
+  converted as the quality benchmark's ``sliced_relu_all_layers`` flow converts it: the recipe's default since
+  issue #24;
+* ``sliced_relu_hybrid``: the recipe's former default, ``sliced_relu_converted`` on layers 0, 3, 4 and 5 with
+  layers 1 and 2 kept on softmax (SDPA, the config's dropout), the layers its ranking kept on every seed of the
+  quality benchmark;
 * ``sliced_relu_window4_linear1`` and ``sliced_relu_window4_linear4``: every layer with one or four linear slices,
   the affine output and the same window of 4: the cheaper converted layers measured against it on the quality
   benchmark (issue #24);
@@ -43,9 +49,10 @@ step is ``loss = model(input_ids, attention_mask=..., labels=...).loss``, ``loss
 contender and step): random token ids, a quarter of the batch padded (rows ``[0, B // 4)`` have
 ``attention_mask`` 0, and the pad token, on their second half), random labels in {0, 1}.
 
-Timing (``benchmarks/_harness.py``): for each shape all contenders' models are built first; each
-runs 1 warm-up step, then the ``--steps`` timed steps run round-robin (a step of sdpa, of sliced_relu, ..., then the
-next round), so that a slow period of a shared machine slows every contender alike. The
+``--contenders`` measures a subset (default all); the two softmax baselines are always measured, since every
+speed-up is against them. Timing (``benchmarks/_harness.py``): for each shape all contenders' models are built
+first; each runs 1 warm-up step, then the ``--steps`` timed steps run round-robin (a step of sdpa, of
+sliced_relu, ..., then the next round), so that a slow period of a shared machine slows every contender alike. The
 reported time is each contender's median; the speed-ups are a softmax baseline's time / the contender's
 time, against both ``sdpa_fused`` and ``sdpa``.
 The models of a shape are freed before the next shape is built. ``--threads`` sets
@@ -63,7 +70,7 @@ import argparse
 import gc
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from importlib.resources import files
 from pathlib import Path
 from dataclasses import dataclass, field
@@ -83,6 +90,7 @@ from benchmarks._harness import (  # noqa: E402
     Point,
     Run,
     bars_table,
+    choice_list,
     fmt_ratio,
     interleaved,
     point_ratio,
@@ -111,6 +119,7 @@ CONTENDERS: dict[str, Contender] = {
     "sliced_relu": Contender("sliced_relu"),
     "sliced_relu_converted": Contender("sliced_relu", CONVERTED),
     "sliced_relu_converted_window4": Contender("sliced_relu", {**CONVERTED, "local_window": 4}),
+    "sliced_relu_hybrid": Contender("sliced_relu", {**CONVERTED, "layers": [0, 3, 4, 5]}),
     **{f"sliced_relu_window4_linear{m}": Contender("sliced_relu", {"num_slices": m, "projection": "linear",
                                                                   "affine_output": True, "local_window": 4})
        for m in (1, 4)},
@@ -196,9 +205,9 @@ def training_step(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> Cal
     return step
 
 
-def measure_shape(batch_size: int, length: int, steps: int) -> dict[str, Point]:
-    """Build every contender, then time them side by side: a warm-up step each, then ``steps`` rounds."""
-    models = {name: build_model(name) for name in CONTENDERS}
+def measure_shape(batch_size: int, length: int, steps: int, names: list[str]) -> dict[str, Point]:
+    """Build the contenders ``names``, then time them side by side: a warm-up step each, then ``steps`` rounds."""
+    models = {name: build_model(name) for name in names}
     config = models[BASELINES[0]].config
     batch = make_batch(batch_size, length, config.vocab_size, config.pad_token_id)
     points = interleaved({name: training_step(model, batch) for name, model in models.items()}, steps,
@@ -224,7 +233,7 @@ def speedup(times: dict[str, dict[str, Point]], name: str, shape: str, baseline:
 
 def report(run: Run, steps: int, times: dict[str, dict[str, Point]]) -> tuple[str, list[Bar]]:
     """Markdown (header, time table, bars) and the bars."""
-    names = list(CONTENDERS)
+    names = list(next(iter(times.values()), {}))
     ratios = [(b, o) for b in BASELINES for o in names if o not in BASELINES]
     lines = [
         "# Training step benchmark (CPU): all-MiniLM-L6-v2, sequence classification",
@@ -269,11 +278,16 @@ def ceiling_lines(times: dict[str, dict[str, Point]]) -> list[str]:
     return lines
 
 
-def parse_arguments(description: str, argv: list[str] | None, count: tuple[str, int, str]) -> argparse.Namespace:
+def parse_arguments(description: str, argv: list[str] | None, count: tuple[str, int, str],
+                    contenders: Iterable[str] = ()) -> argparse.Namespace:
     """``--shapes``, ``--threads``, ``--output`` and the ``count`` flag (name, default, help) of this
-    script and ``bench_attention_layer.py``; sets torch's threads and quiets transformers' logging."""
+    script and ``bench_attention_layer.py``, and ``--contenders`` (a subset of ``contenders``, default all) when
+    ``contenders`` are given; sets torch's threads and quiets transformers' logging."""
     parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--shapes", default="32x128,8x512", help="comma-separated BxT (default 32x128,8x512)")
+    if contenders:
+        parser.add_argument("--contenders", type=choice_list(contenders), default=list(contenders),
+                            help=f"comma-separated, of: {', '.join(contenders)} (default all)")
     name, default, help_text = count
     parser.add_argument(f"--{name}", type=int, default=default, help=f"{help_text} (default {default})")
     parser.add_argument("--threads", type=int, default=os.cpu_count(), help="torch threads (default: all cores)")
@@ -286,12 +300,14 @@ def parse_arguments(description: str, argv: list[str] | None, count: tuple[str, 
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse_arguments(__doc__.split("\n\n")[0], argv, ("steps", 5, "timed steps per contender and shape"))
+    args = parse_arguments(__doc__.split("\n\n")[0], argv, ("steps", 5, "timed steps per contender and shape"),
+                           CONTENDERS)
+    names = list(dict.fromkeys([*BASELINES, *args.contenders]))  # every speed-up is against the baselines
     run = Run(Path(__file__).name, argv)
     times: dict[str, dict[str, Point]] = {}
     for batch, length in parse_shapes(args.shapes):
         print(f"\n# B={batch}, T={length}", flush=True)
-        times[f"{batch}x{length}"] = measure_shape(batch, length, args.steps)
+        times[f"{batch}x{length}"] = measure_shape(batch, length, args.steps, names)
     run.finish()
     markdown, bars = report(run, args.steps, times)
     print("\n" + markdown)

@@ -38,7 +38,7 @@ from .conversion.settings import TransferConfig, resolve_transfer_config
 from .conversion.training_text import Batches, load_texts, pack_passages, split_heldout, tokenize
 from .conversion.transfer import build_teacher, latest_checkpoint, with_transfer_lora
 from .distributed import cpu_process_group_kwargs
-from .integration import converted_layer_indices, prepare_config
+from .integration import converted_layer_indices, has_local_layers, prepare_config
 from .mechanisms import CONFIG_KEY, MECHANISMS
 
 if TYPE_CHECKING:
@@ -109,7 +109,8 @@ class ConvertOptions:
         """The transfer settings: :attr:`transfer` over the mechanism's measured best for conversions."""
         config = resolve_transfer_config(self.mechanism, "convert", self.transfer,
                                          converted_layers=len(converted_layer_indices(student_config)),
-                                         layers_listed=isinstance(self.mechanism_options.get("layers"), list))
+                                         layers_listed=isinstance(self.mechanism_options.get("layers"), list),
+                                         has_local_layers=has_local_layers(student_config))
         if not config.steps:
             raise ValueError("A conversion trains the new attention: steps must be >= 1.")
         return config

@@ -104,6 +104,13 @@ def converts_layer(config: PretrainedConfig, layer_idx: int) -> bool:
     return options.converts_layer(layer_idx, config.num_hidden_layers, spec.is_local_layer(config, layer_idx))
 
 
+def has_local_layers(config: PretrainedConfig) -> bool:
+    """Whether a model built from ``config`` has sliding-window (local) attention layers, as ModernBERT has:
+    an architecture built for long inputs, whose global layers must not fall back to softmax by default."""
+    spec = spec_for(config.model_type)
+    return any(spec.is_local_layer(config, i) for i in range(config.num_hidden_layers))
+
+
 def converted_layer_indices(config: PretrainedConfig) -> list[int]:
     """The layers a model built from ``config`` runs its mechanism on (none for a softmax config).
     Raises ValueError for a ``layers`` list that names layers the model does not have."""

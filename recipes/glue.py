@@ -116,7 +116,7 @@ from hf_sliced_attn.conversion.settings import TransferConfig, resolve_transfer_
 from hf_sliced_attn.conversion.training_text import encoder_batches
 from hf_sliced_attn.conversion.transfer import build_teacher, latest_checkpoint, with_transfer_lora
 from hf_sliced_attn.distributed import cpu_process_group_kwargs
-from hf_sliced_attn.integration import converted_layer_indices
+from hf_sliced_attn.integration import converted_layer_indices, has_local_layers
 from hf_sliced_attn.mechanisms import CONFIG_KEY, parse_layers
 
 from glue_data import (FILE_BUILDERS, GLUE_HUB_DATASET, SAMPLE_DIR, TASKS, DataError, GlueData, label_names,
@@ -338,7 +338,8 @@ def resolve_transfer(args, config) -> TransferConfig | None:
     try:
         resolved = resolve_transfer_config(args.attn_implementation, "finetune", given,
                                            converted_layers=len(converted_layer_indices(config)),
-                                           layers_listed=isinstance(args.layers, list))
+                                           layers_listed=isinstance(args.layers, list),
+                                           has_local_layers=has_local_layers(config))
     except ValueError as err:
         raise RecipeError(in_flag_terms(str(err), dashes=False, prefix=TRANSFER_FLAG_PREFIX)) from None
     return resolved if transfer_skip_reason(args) is None else None

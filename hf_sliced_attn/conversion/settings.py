@@ -51,7 +51,8 @@ class TransferConfig:
         "After stage 1, the converted layers whose attention error on training text stays largest go back to the "
         "checkpoint's softmax attention, this many of them (saved in config.json as an explicit layers list); "
         "stage 2 then trains the hybrid. 0: every selected layer stays converted. Not given: the mechanism's "
-        "measured best, at most half the converted layers, and 0 when the layers to convert are listed."),
+        "measured best, at most half the converted layers, and 0 when the layers to convert are listed or the model "
+        "has local (sliding-window) layers, as ModernBERT: there a kept layer would be a global softmax layer."),
         "unprefixed": True})
     ranking_texts: int = field(default=64, metadata={"help": (
         "Training passages on which the layers are ranked for keep_softmax_layers.")})
@@ -111,13 +112,17 @@ def mechanism_transfer_defaults(mechanism: str, purpose: Purpose) -> dict[str, A
 
 
 def resolve_transfer_config(mechanism: str, purpose: Purpose, given: Mapping[str, Any], *,
-                            converted_layers: int, layers_listed: bool) -> TransferConfig:
+                            converted_layers: int, layers_listed: bool,
+                            has_local_layers: bool = False) -> TransferConfig:
     """The transfer settings of a run: those ``given`` over the mechanism's measured best for ``purpose``.
 
     ``keep_softmax_layers`` not given is the mechanism's default, capped at half of the
     ``converted_layers`` the model has, and 0 when the user listed the layers to convert
-    (``layers_listed``). Raises ValueError for an unknown setting, a bad value, a given count with a
-    layer list, or a count that would leave no layer converted.
+    (``layers_listed``) or when the model ``has_local_layers`` (sliding-window layers, as ModernBERT's):
+    such a model is built for long inputs, and a layer kept on softmax would be a global softmax layer
+    that makes it quadratic again (a count given explicitly still applies). Raises ValueError for an
+    unknown setting, a bad value, a given count with a layer list, or a count that would leave no layer
+    converted.
     """
     unknown = sorted(set(given) - {f.name for f in dataclasses.fields(TransferConfig)})
     if unknown:
@@ -129,7 +134,7 @@ def resolve_transfer_config(mechanism: str, purpose: Purpose, given: Mapping[str
         raise ValueError("keep_softmax_layers chooses the layers to keep on softmax itself: give it or a list of "
                          "layers to convert, not both (a layers list keeps every listed layer converted).")
     if keep is None:
-        settings["keep_softmax_layers"] = 0 if layers_listed or not settings["steps"] else min(
+        settings["keep_softmax_layers"] = 0 if layers_listed or has_local_layers or not settings["steps"] else min(
             settings["keep_softmax_layers"], converted_layers // 2)
     elif keep >= max(converted_layers, 1):
         raise ValueError(f"keep_softmax_layers {keep} leaves none of the {converted_layers} converted layers "

@@ -20,14 +20,26 @@ def test_every_contender_takes_a_step(tmp_path):
     assert "- 2x16: sdpa_fused / attention_free = " in (tmp_path / "training_step.md").read_text()
 
 
+def test_a_subset_of_contenders_is_measured_beside_both_baselines(tmp_path):
+    argv = ["--shapes", "2x16", "--steps", "1", "--threads", "1", "--output", str(tmp_path), "--contenders",
+            "sliced_relu_hybrid"]
+    assert bench.main(argv) == 0
+    record = json.loads((tmp_path / "training_step.json").read_text())
+    assert [r["contender"] for r in record["results"]] == ["sdpa_fused", "sdpa", "sliced_relu_hybrid"]
+    assert {bar["verdict"] for bar in record["bars"]} == {"not measured"}
+    with pytest.raises(SystemExit):
+        bench.main(["--contenders", "softmax"])
+
+
 @pytest.mark.parametrize("name", ["attention_free", "sliced_relu_converted", "sliced_relu_converted_window4",
-                                  "sliced_relu_window4_linear1", "sliced_relu_window4_linear4"])
+                                  "sliced_relu_window4_linear1", "sliced_relu_window4_linear4", "sliced_relu_hybrid"])
 def test_a_contender_runs_its_attention(name):
     model = bench.build_model(name)
     assert model.config._attn_implementation == bench.CONTENDERS[name].implementation
     if name.startswith("sliced_relu_"):
-        modes = {getattr(layer.attention.self, LAYER_MODE_ATTR) for layer in model.bert.encoder.layer}
-        assert modes == {"sliced_relu"}
+        modes = [getattr(layer.attention.self, LAYER_MODE_ATTR) for layer in model.bert.encoder.layer]
+        converted = [0, 3, 4, 5] if name == "sliced_relu_hybrid" else range(6)
+        assert modes == ["sliced_relu" if i in converted else "softmax" for i in range(6)]
         windows = [hasattr(layer.attention.self, "sliced_window_share") for layer in model.bert.encoder.layer]
         assert windows == ["window4" in name] * len(windows)
 

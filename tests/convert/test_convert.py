@@ -9,9 +9,10 @@ import json
 import pytest
 import torch
 from safetensors.torch import load_file
-from transformers import AutoConfig, AutoModel, AutoTokenizer
+from transformers import AutoConfig, AutoModel, AutoTokenizer, RobertaConfig
 
 from hf_sliced_attn.attention import LAYER_MODE_ATTR
+from hf_sliced_attn.integration import has_local_layers
 from hf_sliced_attn import MECHANISMS
 from hf_sliced_attn.conversion.converted_folder import CHECKPOINT_DIR, REPORT_NAME, check_reference, load_converted
 from hf_sliced_attn.conversion.settings import mechanism_transfer_defaults, resolve_transfer_config
@@ -200,13 +201,38 @@ def test_each_mechanism_brings_its_measured_transfer_settings(tiny_roberta, tmp_
 
 
 def test_a_default_count_of_softmax_layers_keeps_at_most_half(tiny_roberta):
-    """The recipe's transfer keeps 2 layers on softmax by default; a 2-layer model keeps 1 (at most half)."""
-    assert mechanism_transfer_defaults("sliced_relu", "finetune")["keep_softmax_layers"] == 2
-    resolved = resolve_transfer_config("sliced_relu", "finetune", {}, converted_layers=2, layers_listed=False)
+    """ReLA's recipe transfer keeps 2 layers on softmax by default; a 2-layer model keeps 1 (at most half)."""
+    assert mechanism_transfer_defaults("rela", "finetune")["keep_softmax_layers"] == 2
+    resolved = resolve_transfer_config("rela", "finetune", {}, converted_layers=2, layers_listed=False)
     assert resolved.keep_softmax_layers == 1
-    given = resolve_transfer_config("sliced_relu", "finetune", {"keep_softmax_layers": 3}, converted_layers=4,
+    given = resolve_transfer_config("rela", "finetune", {"keep_softmax_layers": 3}, converted_layers=4,
                                     layers_listed=False)
     assert given.keep_softmax_layers == 3  # a given count is not capped
+
+
+def test_sliced_relu_converts_every_layer_before_fine_tuning_with_a_window():
+    """Issue #24: sliced_relu's recipe transfer keeps no layer on softmax and adds the window of 4 it was measured
+    with; the hybrid stays available by asking for it."""
+    resolved = resolve_transfer_config("sliced_relu", "finetune", {}, converted_layers=6, layers_listed=False)
+    assert resolved.keep_softmax_layers == 0
+    assert MECHANISMS["sliced_relu"].conversion_options("finetune")["local_window"] == 4
+    hybrid = resolve_transfer_config("sliced_relu", "finetune", {"keep_softmax_layers": 2}, converted_layers=6,
+                                     layers_listed=False)
+    assert hybrid.keep_softmax_layers == 2
+
+
+@pytest.mark.parametrize("mechanism", MECHANISMS)
+def test_a_model_with_local_layers_keeps_no_global_layer_on_softmax_by_default(mechanism, tiny_modernbert):
+    """On ModernBERT (local layers beside global ones) a layer kept on softmax would be a global softmax layer, so
+    no default keeps one, whatever the mechanism's default count; a count given explicitly still applies."""
+    config = AutoConfig.from_pretrained(tiny_modernbert)
+    assert has_local_layers(config) and not has_local_layers(RobertaConfig(num_hidden_layers=2))
+    resolved = resolve_transfer_config(mechanism, "finetune", {}, converted_layers=4, layers_listed=False,
+                                       has_local_layers=True)
+    assert resolved.keep_softmax_layers == 0
+    given = resolve_transfer_config(mechanism, "finetune", {"keep_softmax_layers": 1}, converted_layers=4,
+                                    layers_listed=False, has_local_layers=True)
+    assert given.keep_softmax_layers == 1
 
 
 def test_a_layer_list_keeps_every_listed_layer_converted(tiny_roberta, tmp_path):

@@ -424,6 +424,25 @@ def test_transfer_defaults_are_the_mechanisms(attn, tiny, tmp_path):
     assert (given.lr, given.checkpoint_every) == (5e-4, 7)
 
 
+def test_no_default_keeps_a_global_modernbert_layer_on_softmax(tmp_path):
+    """Issue #24: on ModernBERT (local layers beside global ones) the recipe's default keeps no converted layer on
+    softmax, whatever the mechanism's default count (ReLA keeps 2 on BERT-style models); a given count applies."""
+    from transformers import AutoTokenizer, ModernBertConfig, ModernBertModel
+
+    tokenizer = AutoTokenizer.from_pretrained(glue.default_model_path())
+    config = ModernBertConfig(vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=4, num_attention_heads=4,
+                              intermediate_size=64, max_position_embeddings=128, global_attn_every_n_layers=2,
+                              local_attention=8, pad_token_id=tokenizer.pad_token_id)
+    ModernBertModel(config).save_pretrained(tmp_path / "modern")
+    tokenizer.save_pretrained(tmp_path / "modern")
+    assert mechanism_transfer_defaults("rela", "finetune")["keep_softmax_layers"] == 2
+    flags = common(tmp_path / "modern", tmp_path / "o", "rela", transfer=None) + DATA["sst2"]
+    _, resolved = resolved_transfer(flags)
+    assert resolved.keep_softmax_layers == 0
+    _, given = resolved_transfer(flags + ["--keep_softmax_layers", "1"])
+    assert given.keep_softmax_layers == 1
+
+
 def test_softmax_baselines_take_no_transfer(tiny, tmp_path):
     for attn in ("sdpa", "eager"):
         assert resolved_transfer(common(tiny, tmp_path / "o", attn) + DATA["sst2"])[1] is None
@@ -452,14 +471,25 @@ def test_keep_softmax_layers_returns_the_worst_layer_to_softmax(tiny, tmp_path, 
     assert f"softmax kept on layers [{int(worst)}]" in caplog.text
 
 
+def test_sliced_relu_by_default_converts_every_layer_with_its_window(tiny, tmp_path):
+    """Issue #24: the recipe's default sliced_relu run keeps no layer on softmax and saves the window of 4."""
+    out = tmp_path / "out"
+    results = run(common(tiny, out, transfer=None) + DATA["sst2"] + ["--attention_transfer_steps", 3,
+                                                                     "--max_train_steps", 2, "--max_train_samples", 32])
+    assert "softmax_layers" not in results["attention_transfer"]
+    saved = json.loads((out / "config.json").read_text())[hf_sliced_attn.CONFIG_KEY]
+    assert (saved["layers"], saved["local_window"], saved["window_combine"]) == ("global", 4, "shared")
+
+
 def test_a_hybrid_run_saves_and_reloads_its_layers(tiny, tmp_path):
-    """The recipe's default on a 2-layer model keeps one layer on softmax (at most half); the saved model reloads
-    as that hybrid and reproduces its outputs."""
+    """--keep_softmax_layers 1 on a 2-layer model keeps one layer on softmax; the saved model reloads as that hybrid
+    and reproduces its outputs."""
     from transformers import AutoModelForSequenceClassification
 
     out = tmp_path / "out"
     results = run(common(tiny, out, transfer=None) + DATA["sst2"] + ["--attention_transfer_steps", 3,
-                                                                     "--max_train_steps", 2, "--max_train_samples", 32])
+                                                                     "--max_train_steps", 2, "--max_train_samples", 32,
+                                                                     "--keep_softmax_layers", 1])
     kept = results["attention_transfer"]["softmax_layers"]["layers"]
     assert len(kept) == 1
     saved = json.loads((out / "config.json").read_text())[hf_sliced_attn.CONFIG_KEY]
