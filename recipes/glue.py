@@ -171,9 +171,11 @@ def build_parser() -> argparse.ArgumentParser:
     add_data_arguments(parser.add_argument_group("data"))
     add_model_arguments(parser.add_argument_group("model"))
     attention = parser.add_argument_group(
-        "attention options", "One flag per option of the registered mechanisms (left out: the checkpoint's "
-                             "saved options, else the mechanism's defaults).")
-    add_mechanism_arguments(attention, dashes=False)
+        "attention options", "One flag per option of the registered mechanisms. Left out: a converted checkpoint's "
+                             "saved options; from a softmax checkpoint, the options the mechanism's transfer before "
+                             "fine-tuning uses (the defaults shown), or with --attention_transfer_steps 0 its "
+                             "config's defaults.")
+    add_mechanism_arguments(attention, dashes=False, purpose="finetune")
     attention.add_argument("--attn_layers", dest="layers", type=layer_selection, default=None,
                            help="Alias of --layers.")
     add_lora_arguments(parser.add_argument_group("LoRA"))

@@ -11,6 +11,7 @@ import itertools
 import dataclasses
 import json
 import os
+import re
 import subprocess
 import sys
 from dataclasses import dataclass, field
@@ -422,6 +423,18 @@ def test_transfer_defaults_are_the_mechanisms(attn, tiny, tmp_path):
     _, given = resolved_transfer(common(tiny, tmp_path / "o", attn, transfer=None) + DATA["sst2"]
                                  + ["--attention_transfer_lr", "5e-4", "--checkpointing_steps", "7"])
     assert (given.lr, given.checkpoint_every) == (5e-4, 7)
+
+
+def test_help_shows_the_options_the_transfer_before_fine_tuning_uses(capsys):
+    """--help gives each mechanism option's default as a run from a softmax checkpoint takes it: the transfer's."""
+    with pytest.raises(SystemExit) as exit_info:
+        glue.parse_args(["--help"])
+    assert exit_info.value.code == 0
+    text = " ".join(capsys.readouterr().out.split())
+    shown = {flag: re.search(rf" {flag} [A-Z_]+ .*?\(default: ([^)]*)\)", text) for flag in ("--local_window",
+                                                                                           "--num_slices")}
+    assert {flag: match and match.group(1) for flag, match in shown.items()} == {
+        "--local_window": "sliced_relu 4, rela 0", "--num_slices": "4"}
 
 
 def test_no_default_keeps_a_global_modernbert_layer_on_softmax(tmp_path):
