@@ -30,6 +30,7 @@ from scipy.stats import pearsonr, spearmanr
 from sklearn.metrics import f1_score
 
 import hf_sliced_attn
+from hf_sliced_attn.attention import LAYER_MODE_ATTR
 from hf_sliced_attn.mechanisms import Paper
 from hf_sliced_attn.conversion.settings import mechanism_transfer_defaults
 from hf_sliced_attn.conversion.training_text import encoder_batches
@@ -437,23 +438,47 @@ def test_help_shows_the_options_the_transfer_before_fine_tuning_uses(capsys):
         "--local_window": "sliced_relu 4, rela 0", "--num_slices": "4"}
 
 
-def test_no_default_keeps_a_global_modernbert_layer_on_softmax(tmp_path):
-    """Issue #24: on ModernBERT (local layers beside global ones) the recipe's default keeps no converted layer on
-    softmax, whatever the mechanism's default count (ReLA keeps 2 on BERT-style models); a given count applies."""
+@pytest.fixture(scope="module")
+def tiny_modernbert(tmp_path_factory) -> Path:
+    """A 4-layer ModernBERT encoder (layers 0 and 2 global, 1 and 3 local) with MiniLM's tokenizer."""
     from transformers import AutoTokenizer, ModernBertConfig, ModernBertModel
 
+    path = tmp_path_factory.mktemp("tiny_modernbert")
     tokenizer = AutoTokenizer.from_pretrained(glue.default_model_path())
+    torch.manual_seed(0)
     config = ModernBertConfig(vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=4, num_attention_heads=4,
                               intermediate_size=64, max_position_embeddings=128, global_attn_every_n_layers=2,
                               local_attention=8, pad_token_id=tokenizer.pad_token_id)
-    ModernBertModel(config).save_pretrained(tmp_path / "modern")
-    tokenizer.save_pretrained(tmp_path / "modern")
+    ModernBertModel(config).save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
+
+
+def test_no_default_keeps_a_global_modernbert_layer_on_softmax(tiny_modernbert, tmp_path):
+    """Issue #24: on ModernBERT (local layers beside global ones) the recipe's default keeps no converted layer on
+    softmax, whatever the mechanism's default count (ReLA keeps 2 on BERT-style models); a given count applies."""
     assert mechanism_transfer_defaults("rela", "finetune")["keep_softmax_layers"] == 2
-    flags = common(tmp_path / "modern", tmp_path / "o", "rela", transfer=None) + DATA["sst2"]
+    flags = common(tiny_modernbert, tmp_path / "o", "rela", transfer=None) + DATA["sst2"]
     _, resolved = resolved_transfer(flags)
     assert resolved.keep_softmax_layers == 0
     _, given = resolved_transfer(flags + ["--keep_softmax_layers", "1"])
     assert given.keep_softmax_layers == 1
+
+
+def test_sliced_relu_by_default_converts_every_global_modernbert_layer_with_its_window(tiny_modernbert, tmp_path):
+    """The default run on ModernBERT: the transfer converts both global layers, with the window of 4 beside sliced
+    ReLU; the local layers keep their windowed softmax; the saved model reloads with every global layer converted."""
+    from transformers import AutoModelForSequenceClassification
+
+    out = tmp_path / "out"
+    results = run(common(tiny_modernbert, out, transfer=None) + DATA["sst2"] + [
+        "--attention_transfer_steps", 3, "--max_train_steps", 2, "--max_train_samples", 32])
+    assert "softmax_layers" not in results["attention_transfer"]
+    saved = json.loads((out / "config.json").read_text())[hf_sliced_attn.CONFIG_KEY]
+    assert (saved["layers"], saved["local_window"]) == ("global", 4)
+    model = AutoModelForSequenceClassification.from_pretrained(out)
+    modes = [getattr(layer.attn, LAYER_MODE_ATTR) for layer in model.model.layers]
+    assert modes == ["sliced_relu", "softmax", "sliced_relu", "softmax"]
 
 
 def test_softmax_baselines_take_no_transfer(tiny, tmp_path):
