@@ -80,7 +80,8 @@ ln 2 for 1000 steps. Topic classification is learned at the defaults by every co
 every run at least 0.147 above chance 0.111; benchmarks/README.md gives the results at equal steps and, at
 T = 4096, at equal wall time). ListOps on a GPU (batch 32, 700-1000 steps, 3 seeds;
 ``benchmarks/results/long_range_listops_gpu/``): softmax, ReLA (lr 1e-3), the hybrid and ``sliced_relu_window``
-learn it, sliced ReLU on every layer without a window does not reliably (one seed of three at lr 1e-3).
+learn it, sliced ReLU on every layer without a window does not reliably (one seed of three at lr 1e-3); with
+3000 steps it does, every seed (CPU, ``benchmarks/results/long_range_listops_sliced_3000/``).
 
 Commands (times on the shared 2-core machine, one thread; they double when other jobs load it)::
 
