@@ -48,6 +48,7 @@ import hf_sliced_attn  # noqa: E402
 from benchmarks._harness import RESULTS, Point, Run, fmt_ratio, interleaved, write_results  # noqa: E402
 from benchmarks.bench_quality import DATA, minilm_folder  # noqa: E402
 from hf_sliced_attn.conversion.settings import resolve_transfer_config  # noqa: E402
+from hf_sliced_attn.integration import has_local_layers  # noqa: E402
 
 BASELINE = "sdpa"
 CONTENDERS = (BASELINE, "sliced_relu", "rela")
@@ -62,7 +63,7 @@ def encoder(name: str) -> tuple[SentenceTransformer, list[int]]:
     transformer = model[0]
     config = copy.deepcopy(transformer.auto_model.config)
     keep = resolve_transfer_config(name, "convert", {}, converted_layers=config.num_hidden_layers,
-                                   layers_listed=False).keep_softmax_layers
+                                   layers_listed=False, has_local_layers=has_local_layers(config)).keep_softmax_layers
     layers = list(range(keep, config.num_hidden_layers))
     options = hf_sliced_attn.MECHANISMS[name].conversion_options("convert")
     config = hf_sliced_attn.prepare_config(config, name, layers=layers, **options)

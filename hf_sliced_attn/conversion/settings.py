@@ -113,7 +113,7 @@ def mechanism_transfer_defaults(mechanism: str, purpose: Purpose) -> dict[str, A
 
 def resolve_transfer_config(mechanism: str, purpose: Purpose, given: Mapping[str, Any], *,
                             converted_layers: int, layers_listed: bool,
-                            has_local_layers: bool = False) -> TransferConfig:
+                            has_local_layers: bool) -> TransferConfig:
     """The transfer settings of a run: those ``given`` over the mechanism's measured best for ``purpose``.
 
     ``keep_softmax_layers`` not given is the mechanism's default, capped at half of the

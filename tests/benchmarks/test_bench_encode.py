@@ -24,7 +24,8 @@ def test_every_contender_encodes_short_and_long_inputs(tmp_path):
                      for name in bench.CONTENDERS}
     assert all(r["sentences_per_s"] > 0 for r in record["results"])
     for name in ("sliced_relu", "rela"):
-        keep = resolve_transfer_config(name, "convert", {}, converted_layers=6, layers_listed=False).keep_softmax_layers
+        keep = resolve_transfer_config(name, "convert", {}, converted_layers=6, layers_listed=False,
+                                       has_local_layers=False).keep_softmax_layers
         assert record["layers"][name] == list(range(keep, 6))
     assert "| 512 tokens, batch 8 |" in (tmp_path / "encode.md").read_text()
 
