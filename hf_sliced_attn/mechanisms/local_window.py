@@ -48,11 +48,11 @@ class WindowedConfig(MechanismConfig):
                 "LoLCATs' shared normaliser (arXiv 2410.10254), (sum_window exp(a_ij) v_j + gamma_h N_i) / "
                 "(sum_window exp(a_ij) + gamma_h D_i), N_i the attention's unnormalised output and D_i its "
                 "normaliser (sliced_relu: N_i / D_i its output after any gain and mean value, D_i = "
-                "sum_l |s_i - t_l|, or n for the bump kernel; rela: N_i = sum_j ReLU(a_ij) v_j, "
-                "D_i = sum_j ReLU(a_ij)), gamma_h = softplus(rho_h) from 1: each query's share follows its "
-                "softmax mass. 'shared' is the default: converting all-MiniLM-L6-v2 with every layer converted "
-                "to sliced_relu, it kept more accuracy and fidelity than the gate (benchmarks/README.md, "
-                "\"Every layer converted\"). Only with local_window > 0."
+                "sum_l |s_i - t_l|, or n for the bump kernel; rela: N_i / D_i its output after its gated RMSNorm, "
+                "D_i = sum_j ReLU(a_ij); the norm never rescales the window's softmax), gamma_h = softplus(rho_h) "
+                "from 1: each query's share follows its softmax mass. 'shared' is the default: converting "
+                "all-MiniLM-L6-v2 with every layer converted to sliced_relu, it kept more accuracy and fidelity "
+                "than the gate (benchmarks/README.md, \"Every layer converted\"). Only with local_window > 0."
             ),
             "choices": WINDOW_COMBINES,
         },

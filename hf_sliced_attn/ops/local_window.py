@@ -44,11 +44,15 @@ The sliced term and its D come from :func:`.sliced_relu.sliced_relu` or
 :func:`.sliced_relu_bump.sliced_relu_bump` (``return_denominator``): O(T log T) per head.
 Everything is differentiable in query, key, value, sliced, mix and denominator.
 
-ReLA (arXiv 2104.07012) takes the same window in :func:`rela_local_window_attention`: its global term
-is ReLA's own output N_i = sum_j ReLU(a_ij) v_j with D_i = sum_j ReLU(a_ij) (:func:`.rela.rela`,
-``return_denominator``), so "gate" is g_h local_i + (1 - g_h) N_i and "shared" is
-(sum_{W(i)} exp(a_ij) v_j + gamma_h N_i) / (sum_{W(i)} exp(a_ij) + gamma_h D_i), before ReLA's norm.
-ReLA is quadratic already: the window adds O(T * w * D) to its O(T^2 * D).
+ReLA (arXiv 2104.07012) takes the same window in :func:`rela_local_window_attention`. Its global term
+is ReLA's output as a layer without a window gives it, after its gated RMSNorm over all heads:
+G_i = norm(N)_i with N_i = sum_j ReLU(a_ij) v_j (:func:`.rela.rela` with ``return_denominator``, then
+:func:`.norm.gated_rms_norm`), and its normaliser is ReLA's total weight D_i = sum_j ReLU(a_ij). So "gate" is
+g_h local_i + (1 - g_h) G_i and "shared" is (sum_{W(i)} exp(a_ij) v_j + gamma_h D_i G_i) / (sum_{W(i)} exp(a_ij)
++ gamma_h D_i). The norm acts on ReLA's term only, never on the window's softmax: where the window holds the
+mass, the output is the checkpoint's own softmax output, not rescaled per token (normalising after combining
+made the window inexact and stalled the transfer). ReLA is quadratic already: the window adds O(T * w * D)
+to its O(T^2 * D).
 """
 
 from __future__ import annotations
@@ -58,6 +62,7 @@ from torch import Tensor
 
 from ._common import compute_dtype
 from .banded import windowed_softmax
+from .norm import gated_rms_norm
 from .rela import rela
 
 __all__ = ["WINDOW_COMBINES", "local_window_attention", "rela_local_window_attention"]
@@ -145,23 +150,25 @@ def rela_local_window_attention(
     mix: Tensor,
     key_padding_mask: Tensor | None = None,
     *,
+    norm_scale: Tensor,
+    norm_gate: Tensor,
+    norm_eps: float = 1e-6,
     window: int,
     combine: str = "gate",
     scaling: float | None = None,
 ) -> Tensor:
-    """Softmax over the keys within ``window`` of each query, combined with global ReLA (before its norm) by
-    ``combine``: "gate", g_h = ``mix``, with ReLA's output N as the global term; "shared", gamma_h = ``mix``,
-    N and ReLA's total weight D in the shared normaliser (module docstring). query, key, value (B, H, T, D)
-    -> (B, H, T, D) in value's dtype; ``scaling`` (default D^-1/2) scales the scores of both parts.
+    """Softmax over the keys within ``window`` of each query, combined with global ReLA after its gated RMSNorm by
+    ``combine``: "gate", g_h = ``mix``; "shared", gamma_h = ``mix`` and ReLA's total weight D in the shared
+    normaliser (module docstring). The norm, y = norm_scale * x * rsqrt(mean(x^2) + norm_eps) *
+    sigmoid(norm_gate * x), runs over the H*D features of a token's heads together (``norm_scale``,
+    ``norm_gate`` (H*D,)). query, key, value (B, H, T, D) -> (B, H, T, D) in value's dtype; ``scaling``
+    (default D^-1/2) scales the scores of both parts.
     """
     if combine not in WINDOW_COMBINES:
         raise ValueError(f"combine={combine!r} is not valid: use one of {list(WINDOW_COMBINES)}")
-    if combine == "gate":
-        numerator = rela(query, key, value, key_padding_mask, scaling=scaling)
-        return local_window_attention(query, key, value, numerator, mix, key_padding_mask, window=window,
-                                      combine=combine, scaling=scaling)
     numerator, denominator = rela(query, key, value, key_padding_mask, scaling=scaling, return_denominator=True)
-    # N / D, 0 where no key has weight (N is 0 there): the shared normaliser multiplies it back by D.
-    normalised = numerator.to(denominator.dtype) / torch.where(denominator > 0, denominator, 1.0).unsqueeze(-1)
-    return local_window_attention(query, key, value, normalised.to(value.dtype), mix, key_padding_mask,
+    batch, heads, length, dim = numerator.shape
+    tokens = numerator.transpose(1, 2).reshape(batch, length, heads * dim)
+    normalised = gated_rms_norm(tokens, norm_scale, norm_gate, norm_eps).view(batch, length, heads, dim)
+    return local_window_attention(query, key, value, normalised.transpose(1, 2), mix, key_padding_mask,
                                   window=window, combine=combine, denominator=denominator, scaling=scaling)

@@ -273,26 +273,31 @@ def rela_local_window_reference(
     mix: torch.Tensor,
     key_padding_mask: torch.Tensor | None = None,
     *,
+    norm_scale: torch.Tensor,
+    norm_gate: torch.Tensor,
+    norm_eps: float = 1e-6,
     window: int,
     combine: str = "gate",
     scaling: float | None = None,
 ) -> torch.Tensor:
-    """Softmax within |i - j| <= ``window`` combined with global ReLA (before its norm), in float64.
+    """Softmax within |i - j| <= ``window`` combined with global ReLA after its gated RMSNorm, in float64.
 
-    With A = :func:`rela_weights_reference` over every valid key, N_i = sum_j A_ij v_j and D_i = sum_j A_ij:
+    With A = :func:`rela_weights_reference` over every valid key, N_i = sum_j A_ij v_j, D_i = sum_j A_ij and
+    G = :func:`gated_rms_norm_reference` of N over each token's H*D features (``norm_scale``, ``norm_gate``):
 
-    * ``combine="gate"``: out_i = g_h softmax_W(a_i) v + (1 - g_h) N_i, g = ``mix`` (H,);
-    * ``combine="shared"``: out_i = (sum_W exp(a_ij) v_j + gamma_h N_i) / (sum_W exp(a_ij) + gamma_h D_i),
+    * ``combine="gate"``: out_i = g_h softmax_W(a_i) v + (1 - g_h) G_i, g = ``mix`` (H,);
+    * ``combine="shared"``: out_i = (sum_W exp(a_ij) v_j + gamma_h D_i G_i) / (sum_W exp(a_ij) + gamma_h D_i),
       gamma = ``mix`` (H,), 0 where both sums are 0.
 
     Shapes: query, key, value (B, H, T, D) -> (B, H, T, D) in value's dtype.
     """
     q, k, v = query.double(), key.double(), value.double()
+    batch, heads, length, dim = v.shape
     weights = rela_weights_reference(q, k, key_padding_mask, scaling=scaling)
     numerator, denominator = weights @ v, weights.sum(-1)
-    # The gate mixes N itself; the shared normaliser takes N / D with D (0 where no key has weight).
-    global_term = (numerator if combine == "gate"
-                   else numerator / torch.where(denominator > 0, denominator, 1.0).unsqueeze(-1))
+    tokens = numerator.transpose(1, 2).reshape(batch, length, heads * dim)
+    normalised = gated_rms_norm_reference(tokens, norm_scale, norm_gate, norm_eps)
+    global_term = normalised.view(batch, length, heads, dim).transpose(1, 2)
     return _window_combination_reference(q, k, v, global_term, denominator, mix, key_padding_mask, window=window,
                                          combine=combine, scaling=scaling).to(value.dtype)
 

@@ -26,7 +26,7 @@ from hf_sliced_attn.mechanisms.rela import attention as rela_attention
 from hf_sliced_attn.mechanisms.sliced_relu import attention as sliced_attention
 from hf_sliced_attn.mechanisms.sliced_relu import folds_input
 from hf_sliced_attn.models import spec_for
-from hf_sliced_attn.ops import WINDOW_COMBINES
+from hf_sliced_attn.ops import WINDOW_COMBINES, windowed_softmax
 from hf_sliced_attn.ops.naive import local_window_reference, rela_local_window_reference
 from tests.helpers.comparisons import relative_error
 from tests.helpers.models import VOCAB, tiny_config
@@ -76,8 +76,8 @@ def padded_batch(batch: int = 2, length: int = 13) -> dict[str, torch.Tensor]:
 @contextmanager
 def recorded_layers(monkeypatch: pytest.MonkeyPatch, mechanism: str = "sliced_relu") -> Iterator[list[dict]]:
     """Within the block, each converted layer's attention inputs (from :func:`observe_attention`) with the
-    output of its window-combining op (``local_window_attention``, ``rela_local_window_attention`` before the
-    norm), if it called it."""
+    output of its window-combining op (``local_window_attention``, ``rela_local_window_attention``, whose
+    output is the layer's attention output), if it called it."""
     layers: list[dict] = []
     attention_module, op_name, _ = COMBINING[mechanism]
     combine = getattr(attention_module, op_name)
@@ -94,13 +94,15 @@ def recorded_layers(monkeypatch: pytest.MonkeyPatch, mechanism: str = "sliced_re
 
 def reference_output(seen: dict, mechanism: str = "sliced_relu") -> torch.Tensor:
     """:func:`local_window_reference` (sliced_relu) on a layer's observed q, k, v, its scalars and its learned
-    parameters, or :func:`rela_local_window_reference` (rela) on its q, k, v and window weights."""
+    parameters, or :func:`rela_local_window_reference` (rela) on its q, k, v, window weights and norm."""
     module = seen["module"]
     window = find_window_module(module, COMBINING[mechanism][2])
     if mechanism == "rela":
+        norm = module.rela_norm
         return rela_local_window_reference(seen["query"], seen["key"], seen["value"], window().detach(),
-                                           seen["key_padding_mask"], window=window.window, combine=window.combine,
-                                           scaling=seen["scaling"])
+                                           seen["key_padding_mask"], norm_scale=norm.scale.detach(),
+                                           norm_gate=norm.gate.detach(), norm_eps=norm.eps, window=window.window,
+                                           combine=window.combine, scaling=seen["scaling"])
     with torch.no_grad():
         query_scalars, key_scalars = module.sliced_projection(seen["query"], seen["key"], seen["key_padding_mask"])
         extra = {}
@@ -195,6 +197,30 @@ def test_modernbert_local_layers_keep_windowed_rela(combine, monkeypatch):
     assert relative_error(layers[0]["output"], reference_output(layers[0], "rela")) <= 1e-5
     window_module = window_attributes("rela")[combine]
     assert [hasattr(layer.attn, window_module) for layer in model.layers] == [True, False, False]
+
+
+def test_rela_layer_with_the_window_holding_the_mass_gives_the_checkpoints_softmax(monkeypatch):
+    """ReLA's gated RMSNorm acts on ReLA's term only: with gamma -> 0 (the window's softmax holds each query's
+    mass) and the norm's scale at 3, a converted layer's attention output is the window's softmax of its q, k
+    and v, not that softmax normalised per token."""
+    torch.manual_seed(0)
+    config = hf_sliced_attn.prepare_config(tiny_config("bert"), "rela", local_window=WINDOW)
+    model = AutoModel.from_config(config).eval()
+    with torch.no_grad():
+        for module in attention_modules(model):
+            find_window_module(module, "rela").rho.fill_(-80.0)  # gamma = softplus(-80) ~ 2e-35
+            module.rela_norm.scale.fill_(3.0)
+    returned = []  # each attention module's output, (B, T, H*D)
+    for module in attention_modules(model):
+        module.register_forward_hook(lambda _module, _args, output: returned.append(output[0]))
+    with torch.no_grad(), recorded_layers(monkeypatch, "rela") as layers:
+        model(**padded_batch())
+    assert len(returned) == len(layers) == config.num_hidden_layers
+    real = padded_batch()["attention_mask"].bool()
+    for seen, out in zip(layers, returned):
+        local = windowed_softmax(seen["query"], seen["key"], seen["value"], seen["key_padding_mask"],
+                                 scaling=seen["scaling"], sliding_window=WINDOW + 1)
+        assert relative_error(out[real], local.transpose(1, 2).flatten(2)[real]) <= 1e-6
 
 
 @pytest.mark.parametrize("combine", WINDOW_COMBINES)

@@ -1,13 +1,21 @@
 """Tests for :func:`hf_sliced_attn.ops.rela_local_window_attention` (a local softmax window combined with global
-ReLA, "gate" and "shared") against the float64 quadratic reference, values and gradients, and for the opt-in
-return it reads: ``rela(return_denominator=True)``, on the C++ kernel and the torch path."""
+ReLA after its gated RMSNorm, "gate" and "shared") against the float64 quadratic reference, values and
+gradients, and for the opt-in return it reads: ``rela(return_denominator=True)``, on the C++ kernel and the
+torch path."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from hf_sliced_attn.ops import WINDOW_COMBINES, rela, rela_cpu, rela_local_window_attention, windowed_softmax
+from hf_sliced_attn.ops import (
+    WINDOW_COMBINES,
+    gated_rms_norm,
+    rela,
+    rela_cpu,
+    rela_local_window_attention,
+    windowed_softmax,
+)
 from hf_sliced_attn.ops.naive import rela_local_window_reference, rela_reference, rela_weights_reference
 from tests.helpers.comparisons import assert_matches_reference, op_output_and_input_grads, relative_error
 from tests.helpers.op_inputs import key_padding
@@ -15,7 +23,8 @@ from tests.helpers.op_inputs import key_padding
 
 def inputs(batch: int, heads: int, length: int, dim: int, *, combine: str, padded: bool,
            dtype: torch.dtype = torch.float32, seed: int = 0) -> dict[str, torch.Tensor | None]:
-    """Random q, k, v and per-head mix (a gate in (0, 1), or gamma in [1/e, e]), with a padded last row."""
+    """Random q, k, v, per-head mix (a gate in (0, 1), or gamma in [1/e, e]) and the norm's scale and gate over
+    the H*D features, with a padded last row."""
     gen = torch.Generator().manual_seed(seed)
     drawn = {
         "query": torch.randn(batch, heads, length, dim, generator=gen),
@@ -23,6 +32,8 @@ def inputs(batch: int, heads: int, length: int, dim: int, *, combine: str, padde
         "value": torch.randn(batch, heads, length, dim, generator=gen) + 0.5,
         "mix": (torch.sigmoid(torch.randn(heads, generator=gen)) if combine == "gate"
                 else torch.exp(2 * torch.rand(heads, generator=gen) - 1)),
+        "norm_scale": 1 + 0.5 * torch.randn(heads * dim, generator=gen),
+        "norm_gate": torch.randn(heads * dim, generator=gen),
     }
     drawn = {name: x.to(dtype) for name, x in drawn.items()}
     drawn["key_padding_mask"] = (key_padding(batch, length, 0.3, generator=gen, real_first_row=True,
@@ -30,7 +41,7 @@ def inputs(batch: int, heads: int, length: int, dim: int, *, combine: str, padde
     return drawn
 
 
-DIFFERENTIABLE = ("query", "key", "value", "mix")
+DIFFERENTIABLE = ("query", "key", "value", "mix", "norm_scale", "norm_gate")
 
 # (B, H, T, D, w)
 CASES = [
@@ -68,15 +79,28 @@ def test_bfloat16_is_computed_in_float32(combine):
 
 @pytest.mark.parametrize("combine", WINDOW_COMBINES)
 def test_both_parts_carry_weight(combine):
-    """The test inputs mix the two parts: the output is neither the window's softmax nor ReLA's term."""
+    """The test inputs mix the two parts: the output is neither the window's softmax nor ReLA's normalised term."""
     tensors = inputs(2, 3, 37, 8, combine=combine, padded=False, dtype=torch.float64)
     q, k, v = tensors["query"], tensors["key"], tensors["value"]
-    weights = rela_weights_reference(q, k, scaling=0.6)
-    global_term = weights @ v if combine == "gate" else (weights @ v) / weights.sum(-1, keepdim=True)
+    numerator = (rela_weights_reference(q, k, scaling=0.6) @ v).transpose(1, 2).reshape(2, 37, 24)
+    global_term = gated_rms_norm(numerator, tensors["norm_scale"], tensors["norm_gate"]).view(2, 37, 3, 8)
     local = windowed_softmax(q, k, v, scaling=0.6, sliding_window=5)
     out = rela_local_window_attention(**tensors, window=4, combine=combine, scaling=0.6)
-    for part in (global_term, local):
+    for part in (global_term.transpose(1, 2), local):
         assert relative_error(out, part) > 0.05
+
+
+def test_window_softmax_is_not_normalised():
+    """Where the shared normaliser gives the window all the mass (gamma -> 0), the output is the window's
+    softmax itself, which the norm (here a gain of 3) does not rescale; the gate at g = 1 likewise."""
+    for combine, mix in (("shared", 1e-30), ("gate", 1.0)):
+        tensors = inputs(2, 3, 37, 8, combine=combine, padded=False, dtype=torch.float64, seed=4)
+        tensors["mix"] = torch.full((3,), mix, dtype=torch.float64)
+        tensors["norm_scale"] = torch.full((24,), 3.0, dtype=torch.float64)
+        q, k, v = tensors["query"], tensors["key"], tensors["value"]
+        out = rela_local_window_attention(**tensors, window=4, combine=combine, scaling=0.6)
+        local = windowed_softmax(q, k, v, scaling=0.6, sliding_window=5)
+        assert relative_error(out, local) <= 1e-12, combine
 
 
 @pytest.mark.parametrize("native", [True, False], ids=["cpu-kernel", "torch"])
@@ -110,7 +134,8 @@ def test_rela_returns_its_denominator(native, sliding_window, monkeypatch):
 def test_bad_combine_is_refused_before_any_work():
     q = torch.randn(1, 2, 5, 4)
     with pytest.raises(ValueError, match=r"combine='sum' is not valid: use one of \['gate', 'shared'\]"):
-        rela_local_window_attention(q, q, q, torch.ones(2), window=2, combine="sum")
+        rela_local_window_attention(q, q, q, torch.ones(2), norm_scale=torch.ones(8), norm_gate=torch.ones(8),
+                                    window=2, combine="sum")
 
 
 @pytest.mark.parametrize("combine", WINDOW_COMBINES)

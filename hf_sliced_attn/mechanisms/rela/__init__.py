@@ -19,8 +19,9 @@ RELA = Mechanism(
         "ReLU(Q Kᵀ d^-½) V per head instead of the softmax, then a gated RMSNorm over all heads together "
         "(`rela_norm`): scale · x · rsqrt(mean(x²) + ε) · σ(gate ⊙ x). The attention weights are exactly "
         "sparse, and a head can attend to nothing. With `local_window` w > 0, each head also attends with the "
-        "checkpoint's softmax to the keys within w of each query, combined with ReLA before the norm by a learned "
-        "per-head gate (`rela_window_gate`) or LoLCATs' shared normaliser (`rela_window_share`)."
+        "checkpoint's softmax to the keys within w of each query, combined with ReLA's normalised output by a "
+        "learned per-head gate (`rela_window_gate`) or LoLCATs' shared normaliser (`rela_window_share`); the norm "
+        "never rescales the window's softmax."
     ),
     # convert: measured on all-MiniLM-L6-v2, held-out text of another kind (benchmarks/README.md, "Conversion
     # fidelity"); 700 stage-2 steps, not 400: better on both tuning texts when the transfer trains on short and

@@ -1,5 +1,5 @@
-"""ReLA on one converted layer: the op (with a local window, softmax within it combined per head), then its
-gated RMSNorm over all heads."""
+"""ReLA on one converted layer: the op, then its gated RMSNorm over all heads; with a local window, the window's
+softmax combined per head with that normalised output."""
 
 from __future__ import annotations
 
@@ -25,15 +25,16 @@ def build_modules(options: RelaConfig, num_heads: int, head_dim: int, local: boo
 def attend(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
            key_padding_mask: torch.Tensor | None, scaling: float | None,
            sliding_window: int | None) -> torch.Tensor:
-    """ReLA (combined with softmax within the window of the layer's window module, if it has one), then
-    ``module.rela_norm`` over the concatenated heads: (B, H, T, D) -> (B, T, H, D). A local layer
-    (``sliding_window``) has no window module."""
+    """ReLA, then ``module.rela_norm`` over the concatenated heads; on a layer with a window module, that
+    normalised output combined with softmax within the window (the norm never rescales the window's softmax):
+    (B, H, T, D) -> (B, T, H, D). A local layer (``sliding_window``) has no window module."""
+    norm = module.rela_norm
     window = find_window_module(module, WINDOW_PREFIX)
-    if window is None:
-        out = rela(query, key, value, key_padding_mask, scaling=scaling, sliding_window=sliding_window)
-    else:
-        out = rela_local_window_attention(query, key, value, window(), key_padding_mask, window=window.window,
+    if window is not None:
+        out = rela_local_window_attention(query, key, value, window(), key_padding_mask, norm_scale=norm.scale,
+                                          norm_gate=norm.gate, norm_eps=norm.eps, window=window.window,
                                           combine=window.combine, scaling=scaling)
-    out = out.transpose(1, 2)
+        return out.transpose(1, 2)
+    out = rela(query, key, value, key_padding_mask, scaling=scaling, sliding_window=sliding_window).transpose(1, 2)
     batch, length, heads, head_dim = out.shape
-    return module.rela_norm(out.reshape(batch, length, heads * head_dim)).view(batch, length, heads, head_dim)
+    return norm(out.reshape(batch, length, heads * head_dim)).view(batch, length, heads, head_dim)
