@@ -23,7 +23,10 @@ default 0,1,2) as a subprocess ``python recipes/glue.py ...``:
                        the recipe's default flow before issue #24 (the 2 layers that transfer worst
                        kept on softmax, no window)
 ``rela_direct``        ``--attn_implementation rela --attention_transfer_steps 0``
-``rela``               ``--attn_implementation rela``, default flow
+``rela``               ``--attn_implementation rela``, default flow (every layer converted, with a
+                       local softmax window of 4 tokens combined after ReLA's norm, since 9348a0f)
+``rela_hybrid``        ``--attn_implementation rela --keep_softmax_layers 2 --local_window 0``: rela's
+                       default flow before that
 ``sliced_relu_bump``   ``--attn_implementation sliced_relu --kernel bump``, default flow (the
                        authors' bump kernel)
 =====================  ============================================================================
@@ -32,7 +35,8 @@ and, for issue #24's verdicts with every layer converted (the default flow other
 ``sliced_relu_all_layers`` (``--attn_implementation sliced_relu --keep_softmax_layers 0 --local_window 4``,
 the window and its default shared normaliser chosen on validation; the flags are sliced_relu's defaults now,
 spelled out so that the flow stays what it measured) and ``rela_all_layers``
-(``--attn_implementation rela --keep_softmax_layers 0``).
+(``--attn_implementation rela --keep_softmax_layers 0 --local_window 0``: ReLA alone on every layer, as measured
+before rela's default gained the window).
 
 Recipe hyperparameters (same for every flow): ``--num_train_epochs 3 --learning_rate 1e-4
 --per_device_train_batch_size 32 --max_length 96``, set by this script's ``--epochs``,
@@ -125,10 +129,11 @@ FLOWS = {
     "sliced_relu_hybrid": ["--attn_implementation", "sliced_relu", "--keep_softmax_layers", "2", "--local_window", "0"],
     "rela_direct": ["--attn_implementation", "rela", "--attention_transfer_steps", "0"],
     "rela": ["--attn_implementation", "rela"],
+    "rela_hybrid": ["--attn_implementation", "rela", "--keep_softmax_layers", "2", "--local_window", "0"],
     "sliced_relu_bump": ["--attn_implementation", "sliced_relu", "--kernel", "bump"],
     "sliced_relu_all_layers": ["--attn_implementation", "sliced_relu", "--keep_softmax_layers", "0",
                                "--local_window", "4"],
-    "rela_all_layers": ["--attn_implementation", "rela", "--keep_softmax_layers", "0"],
+    "rela_all_layers": ["--attn_implementation", "rela", "--keep_softmax_layers", "0", "--local_window", "0"],
 }
 PARITY_BARS = {"sliced_relu": 0.99, "rela": 0.995, "sliced_relu_all_layers": 0.99, "rela_all_layers": 0.995}
 """Issue #24's bars on the accuracy ratio to softmax, every layer converted: the mean paired ratio at least this..."""

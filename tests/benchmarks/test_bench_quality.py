@@ -76,12 +76,14 @@ def test_each_split_is_its_own_file_and_the_table_gives_its_size(split):
 
 @pytest.mark.parametrize("flow", ["sliced_relu_all_layers", "rela_all_layers"])
 def test_every_layer_flows_convert_every_layer_and_get_a_verdict(flow):
-    """The flows of issue #24's verdicts keep no layer on softmax and are judged by their mechanism's bar."""
+    """The flows of issue #24's verdicts keep no layer on softmax, spell out their window, and are judged by their
+    mechanism's bar."""
     args = argparse.Namespace(split="test_large", max_length=96, epochs=3, learning_rate=1e-4, batch_size=32,
                               max_train_steps=None, recipe_args="")
     command = recipe_command(args, flow, 0, Path("/tmp/run"))
     assert command[command.index("--keep_softmax_layers") + 1] == "0"
-    assert ("--local_window" in command) == flow.startswith("sliced_relu")
+    window = command[command.index("--local_window") + 1]
+    assert window == ("4" if flow.startswith("sliced_relu") else "0")  # each flow stays what it measured
     runs = _runs("sdpa", SOFTMAX) + _runs(flow, {seed: accuracy - 0.05 for seed, accuracy in SOFTMAX.items()})
     parity = summarise(runs, ["sdpa", flow], runs)[flow]["paired"]["parity"]
     assert parity["mean_ratio_at_least"] == (0.99 if flow.startswith("sliced_relu") else 0.995)

@@ -200,25 +200,27 @@ def test_each_mechanism_brings_its_measured_transfer_settings(tiny_roberta, tmp_
     assert (sliced.resolved_options()["num_slices"], sliced.resolved_options()["local_window"]) == (4, 16)
 
 
-def test_a_default_count_of_softmax_layers_keeps_at_most_half(tiny_roberta):
-    """ReLA's recipe transfer keeps 2 layers on softmax by default; a 2-layer model keeps 1 (at most half)."""
+def test_a_default_count_of_softmax_layers_keeps_at_most_half(rela_keeps_two_layers):
+    """A mechanism whose measured best before fine-tuning keeps 2 layers on softmax: a 2-layer model keeps 1 (at
+    most half); a given count is not capped."""
     assert mechanism_transfer_defaults("rela", "finetune")["keep_softmax_layers"] == 2
     resolved = resolve_transfer_config("rela", "finetune", {}, converted_layers=2, layers_listed=False,
                                        has_local_layers=False)
     assert resolved.keep_softmax_layers == 1
     given = resolve_transfer_config("rela", "finetune", {"keep_softmax_layers": 3}, converted_layers=4,
                                     layers_listed=False, has_local_layers=False)
-    assert given.keep_softmax_layers == 3  # a given count is not capped
+    assert given.keep_softmax_layers == 3
 
 
-def test_sliced_relu_converts_every_layer_before_fine_tuning_with_a_window():
-    """Issue #24: sliced_relu's recipe transfer keeps no layer on softmax and adds the window of 4 it was measured
-    with; the hybrid stays available by asking for it."""
-    resolved = resolve_transfer_config("sliced_relu", "finetune", {}, converted_layers=6, layers_listed=False,
+@pytest.mark.parametrize("mechanism", MECHANISMS)
+def test_every_layer_converts_before_fine_tuning_with_a_window(mechanism):
+    """Issue #24: both mechanisms' recipe transfers keep no layer on softmax and add the window of 4 they were
+    measured with; the hybrid stays available by asking for it."""
+    resolved = resolve_transfer_config(mechanism, "finetune", {}, converted_layers=6, layers_listed=False,
                                        has_local_layers=False)
     assert resolved.keep_softmax_layers == 0
-    assert MECHANISMS["sliced_relu"].conversion_options("finetune")["local_window"] == 4
-    hybrid = resolve_transfer_config("sliced_relu", "finetune", {"keep_softmax_layers": 2}, converted_layers=6,
+    assert MECHANISMS[mechanism].conversion_options("finetune")["local_window"] == 4
+    hybrid = resolve_transfer_config(mechanism, "finetune", {"keep_softmax_layers": 2}, converted_layers=6,
                                      layers_listed=False, has_local_layers=False)
     assert hybrid.keep_softmax_layers == 2
 

@@ -435,7 +435,7 @@ def test_help_shows_the_options_the_transfer_before_fine_tuning_uses(capsys):
     shown = {flag: re.search(rf" {flag} [A-Z_]+ .*?\(default: ([^)]*)\)", text) for flag in ("--local_window",
                                                                                            "--num_slices")}
     assert {flag: match and match.group(1) for flag, match in shown.items()} == {
-        "--local_window": "sliced_relu 4, rela 0", "--num_slices": "4"}
+        "--local_window": "4", "--num_slices": "4"}
 
 
 @pytest.fixture(scope="module")
@@ -454,9 +454,10 @@ def tiny_modernbert(tmp_path_factory) -> Path:
     return path
 
 
-def test_no_default_keeps_a_global_modernbert_layer_on_softmax(tiny_modernbert, tmp_path):
+def test_no_default_keeps_a_global_modernbert_layer_on_softmax(tiny_modernbert, tmp_path, rela_keeps_two_layers):
     """Issue #24: on ModernBERT (local layers beside global ones) the recipe's default keeps no converted layer on
-    softmax, whatever the mechanism's default count (ReLA keeps 2 on BERT-style models); a given count applies."""
+    softmax, whatever the mechanism's default count (here ReLA's is 2 on BERT-style models); a given count
+    applies."""
     assert mechanism_transfer_defaults("rela", "finetune")["keep_softmax_layers"] == 2
     flags = common(tiny_modernbert, tmp_path / "o", "rela", transfer=None) + DATA["sst2"]
     _, resolved = resolved_transfer(flags)
@@ -465,20 +466,22 @@ def test_no_default_keeps_a_global_modernbert_layer_on_softmax(tiny_modernbert, 
     assert given.keep_softmax_layers == 1
 
 
-def test_sliced_relu_by_default_converts_every_global_modernbert_layer_with_its_window(tiny_modernbert, tmp_path):
-    """The default run on ModernBERT: the transfer converts both global layers, with the window of 4 beside sliced
-    ReLU; the local layers keep their windowed softmax; the saved model reloads with every global layer converted."""
+@pytest.mark.parametrize("attn", MECHANISMS)
+def test_the_default_run_converts_every_global_modernbert_layer_with_its_window(attn, tiny_modernbert, tmp_path):
+    """The default run on ModernBERT: the transfer converts both global layers, with the window of 4 beside the
+    mechanism; the local layers keep their windowed softmax; the saved model reloads with every global layer
+    converted."""
     from transformers import AutoModelForSequenceClassification
 
     out = tmp_path / "out"
-    results = run(common(tiny_modernbert, out, transfer=None) + DATA["sst2"] + [
+    results = run(common(tiny_modernbert, out, attn, transfer=None) + DATA["sst2"] + [
         "--attention_transfer_steps", 3, "--max_train_steps", 2, "--max_train_samples", 32])
     assert "softmax_layers" not in results["attention_transfer"]
     saved = json.loads((out / "config.json").read_text())[hf_sliced_attn.CONFIG_KEY]
     assert (saved["layers"], saved["local_window"]) == ("global", 4)
     model = AutoModelForSequenceClassification.from_pretrained(out)
     modes = [getattr(layer.attn, LAYER_MODE_ATTR) for layer in model.model.layers]
-    assert modes == ["sliced_relu", "softmax", "sliced_relu", "softmax"]
+    assert modes == [attn, "softmax", attn, "softmax"]
 
 
 def test_softmax_baselines_take_no_transfer(tiny, tmp_path):
