@@ -32,6 +32,8 @@ user starts fine-tuning. Contenders:
   the affine output and the same window of 4: the cheaper converted layers measured against it on the quality
   benchmark (issue #24);
 * ``rela``: ``prepare_config(config, "rela")``;
+* ``rela_window4``: the same with ``local_window=4`` (the shared normaliser, after ReLA's norm), every layer
+  converted: the recipe's rela default since issue #24;
 * ``attention_free``: the ceiling, not a mechanism: an attention that costs nothing (each token's output is
   its own value row; q and k are still projected, but nothing flows back to them, so their layers' backward
   and optimiser steps are skipped too), registered by this script as
@@ -124,6 +126,7 @@ CONTENDERS: dict[str, Contender] = {
                                                                   "affine_output": True, "local_window": 4})
        for m in (1, 4)},
     "rela": Contender("rela"),
+    "rela_window4": Contender("rela", {"local_window": 4}),
     "attention_free": Contender("attention_free", config={"attention_probs_dropout_prob": 0.0}),
 }
 """Column name -> its :class:`Contender`."""
@@ -151,8 +154,10 @@ BARS = [
     ("sliced_relu", (32, 128), 1.3),
     ("sliced_relu", (8, 512), 2.0),
     ("sliced_relu_converted_window4", (32, 128), 1.0),
+    ("rela_window4", (32, 128), 1.0),
 ]
-"""(contender, (B, T), minimum speed-up over ``sdpa_fused``): issue #26, and issue #24 for the window."""
+"""(contender, (B, T), minimum speed-up over ``sdpa_fused``): issue #26, and issue #24 for the recipe's defaults
+(every layer converted, with the window)."""
 
 
 def checkpoint() -> Path:

@@ -32,10 +32,15 @@ def test_a_subset_of_contenders_is_measured_beside_both_baselines(tmp_path):
 
 
 @pytest.mark.parametrize("name", ["attention_free", "sliced_relu_converted", "sliced_relu_converted_window4",
-                                  "sliced_relu_window4_linear1", "sliced_relu_window4_linear4", "sliced_relu_hybrid"])
+                                  "sliced_relu_window4_linear1", "sliced_relu_window4_linear4", "sliced_relu_hybrid",
+                                  "rela_window4"])
 def test_a_contender_runs_its_attention(name):
     model = bench.build_model(name)
     assert model.config._attn_implementation == bench.CONTENDERS[name].implementation
+    if name == "rela_window4":
+        layers = [layer.attention.self for layer in model.bert.encoder.layer]
+        assert [getattr(layer, LAYER_MODE_ATTR) for layer in layers] == ["rela"] * 6
+        assert all(layer.rela_window_share.window == 4 for layer in layers)
     if name.startswith("sliced_relu_"):
         modes = [getattr(layer.attention.self, LAYER_MODE_ATTR) for layer in model.bert.encoder.layer]
         converted = [0, 3, 4, 5] if name == "sliced_relu_hybrid" else range(6)
