@@ -207,14 +207,15 @@ def rela(
     """
     _validate(query, key, value, key_padding_mask, sliding_window, block_size)
     scaling = query.shape[-1] ** -0.5 if scaling is None else float(scaling)
-    if return_denominator:
-        return _with_denominator(query, key, value, key_padding_mask, scaling, sliding_window, block_size)
     if key_padding_mask is not None:
         key_padding_mask = key_padding_mask.to(device=key.device, dtype=torch.bool)
     if query.device.type == "cpu" and rela_cpu.available():
         valid = (torch.ones(key.shape[0], key.shape[2], dtype=torch.bool) if key_padding_mask is None
                  else key_padding_mask)
-        return rela_cpu.rela_cpu(query, key, value, valid, sliding_window=sliding_window, scaling=scaling)
+        out, denominator = rela_cpu.rela_cpu(query, key, value, valid, sliding_window=sliding_window, scaling=scaling)
+        return (out, denominator) if return_denominator else out
+    if return_denominator:
+        return _with_denominator(query, key, value, key_padding_mask, scaling, sliding_window, block_size)
     if torch.is_grad_enabled() and (query.requires_grad or key.requires_grad or value.requires_grad):
         return _ReLAFunction.apply(query, key, value, key_padding_mask, scaling, sliding_window, block_size)
     q_scaled, key_c, value_c = _prepare(query, key, value, key_padding_mask, scaling)
@@ -225,9 +226,10 @@ def _with_denominator(
     query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, key_padding_mask: torch.Tensor | None,
     scaling: float, sliding_window: int | None, block_size: int,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """O and D = A 1 in one pass of :func:`rela`: a zero feature appended to the queries and keys leaves
-    every score as it is, and a feature of ones appended to the values makes A's row sums O's last column.
-    Computed in float32 for half inputs, so that D (a sum over every key) cannot overflow."""
+    """O and D = A 1 in one pass of the torch implementation (the CPU kernel returns D itself): a zero feature
+    appended to the queries and keys leaves every score as it is, and a feature of ones appended to the values
+    makes A's row sums O's last column. Computed in float32 for half inputs, so that D (a sum over every key)
+    cannot overflow."""
     work = compute_dtype(value.dtype)
 
     def extended(x: torch.Tensor, fill: float) -> torch.Tensor:

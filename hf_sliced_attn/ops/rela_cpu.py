@@ -1,10 +1,11 @@
 """Rectified linear attention on CPU: the C++ kernel ``csrc/rela_cpu.cpp`` as torch custom ops.
 
 Per (batch, head), with S = scaling · Q K^T, the mask M (valid key and, with a window w,
-|i - j| <= w - 1) and A = ReLU(S) ⊙ M, the forward gives O = A V and the backward, for the
-gradient dO of O, recomputes A tile by tile:
+|i - j| <= w - 1) and A = ReLU(S) ⊙ M, the forward gives O = A V and each query's total weight
+N_i = sum_j A_ij (the normaliser :func:`.rela.rela` returns with ``return_denominator``), and the backward,
+for the gradients dO of O and dN of N, recomputes A tile by tile:
 
-    dV = A^T dO,   dS = (dO V^T) ⊙ 1[A > 0],   dQ = scaling · dS K,   dK = scaling · dS^T Q.
+    dV = A^T dO,   dS = (dO V^T + dN 1^T) ⊙ 1[A > 0],   dQ = scaling · dS K,   dK = scaling · dS^T Q.
 
 The kernel goes over (query tile, key tile) pairs of 256 x 256 scores that stay in the core's
 cache, each product one BLAS call (torch's own MKL ``sgemm_``/``dgemm_``), skipping the tiles the
@@ -30,7 +31,7 @@ from ._common import compute_dtype
 __all__ = ["available", "rela_cpu"]
 
 # step -> number of tensor arguments (the strides array excluded).
-_STEPS = {"forward": 5, "backward": 8}
+_STEPS = {"forward": 6, "backward": 9}
 
 
 @torch.compiler.assume_constant_result
@@ -67,46 +68,50 @@ def _call(step: str, halo: int, scaling: float, tensors: tuple[Tensor, ...], row
 
 
 @torch.library.custom_op("hf_sliced_attn::rela_cpu", mutates_args=(), device_types="cpu")
-def _forward(q: Tensor, k: Tensor, v: Tensor, valid: Tensor, halo: int, scaling: float) -> Tensor:
+def _forward(q: Tensor, k: Tensor, v: Tensor, valid: Tensor, halo: int, scaling: float) -> tuple[Tensor, Tensor]:
     """q (B, H, Tq, D), k, v (B, H, Tk, D) float32/64 laid out for :func:`_rows`, valid (B, Tk) bool
-    contiguous, halo = w - 1 (-1 without a window) -> out (B, H, Tq, D) contiguous, in q's dtype."""
-    out = q.new_empty(q.shape)
+    contiguous, halo = w - 1 (-1 without a window) -> out (B, H, Tq, D) and the total weights N (B, H, Tq),
+    contiguous, in q's dtype."""
+    out, total = q.new_empty(q.shape), q.new_empty(q.shape[:3])
     if out.numel():
-        _call("forward", halo, scaling, (q, k, v, valid, out), (q, k, v, out), k.shape[2])
-    return out
+        _call("forward", halo, scaling, (q, k, v, valid, out, total), (q, k, v, out), k.shape[2])
+    return out, total
 
 
 @_forward.register_fake
-def _(q: Tensor, k: Tensor, v: Tensor, valid: Tensor, halo: int, scaling: float) -> Tensor:
-    return q.new_empty(q.shape)
+def _(q: Tensor, k: Tensor, v: Tensor, valid: Tensor, halo: int, scaling: float) -> tuple[Tensor, Tensor]:
+    return q.new_empty(q.shape), q.new_empty(q.shape[:3])
 
 
 @torch.library.custom_op("hf_sliced_attn::rela_cpu_backward", mutates_args=(), device_types="cpu")
 def _backward(
-    grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, valid: Tensor, halo: int, scaling: float,
+    grad_out: Tensor, grad_total: Tensor, q: Tensor, k: Tensor, v: Tensor, valid: Tensor, halo: int, scaling: float,
 ) -> tuple[Tensor, Tensor, Tensor]:
-    """grad_out (B, H, Tq, D) in q's dtype laid out for :func:`_rows`, and the forward's inputs ->
-    dL/dq, dL/dk, dL/dv, contiguous."""
+    """grad_out (B, H, Tq, D) laid out for :func:`_rows` and grad_total (B, H, Tq) contiguous, in q's dtype, and
+    the forward's inputs -> dL/dq, dL/dk, dL/dv, contiguous."""
     dq, dk, dv = q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
     if dq.numel() or dk.numel():
-        tensors = (grad_out, q, k, v, valid, dq, dk, dv)
+        tensors = (grad_out, grad_total, q, k, v, valid, dq, dk, dv)
         _call("backward", halo, scaling, tensors, (grad_out, q, k, v, dq, dk, dv), k.shape[2])
     return dq, dk, dv
 
 
 @_backward.register_fake
-def _(grad_out, q, k, v, valid, halo, scaling) -> tuple[Tensor, Tensor, Tensor]:
+def _(grad_out, grad_total, q, k, v, valid, halo, scaling) -> tuple[Tensor, Tensor, Tensor]:
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
 
 
-def _setup_context(ctx, inputs: tuple, output: Tensor) -> None:
+def _setup_context(ctx, inputs: tuple, output: tuple[Tensor, Tensor]) -> None:
     q, k, v, valid, ctx.halo, ctx.scaling = inputs
     ctx.save_for_backward(q, k, v, valid)
 
 
-def _backward_rule(ctx, grad_out: Tensor) -> tuple[Tensor, Tensor, Tensor, None, None, None]:
+def _backward_rule(ctx, grad_out: Tensor | None, grad_total: Tensor | None) -> tuple[Tensor, Tensor, Tensor, None,
+                                                                                      None, None]:
     q, k, v, valid = ctx.saved_tensors
-    dq, dk, dv = _backward(_rows(grad_out.to(q.dtype)), q, k, v, valid, ctx.halo, ctx.scaling)
+    grad_out = q.new_zeros(q.shape) if grad_out is None else _rows(grad_out.to(q.dtype))
+    grad_total = q.new_zeros(q.shape[:3]) if grad_total is None else grad_total.to(q.dtype).contiguous()
+    dq, dk, dv = _backward(grad_out, grad_total, q, k, v, valid, ctx.halo, ctx.scaling)
     return dq, dk, dv, None, None, None
 
 
@@ -115,12 +120,14 @@ _forward.register_autograd(_backward_rule, setup_context=_setup_context)
 
 def rela_cpu(
     query: Tensor, key: Tensor, value: Tensor, valid: Tensor, *, sliding_window: int | None, scaling: float
-) -> Tensor:
-    """ReLA on CPU tensors with the C++ kernel (needs :func:`available`): query (B, H, Tq, D), key and
-    value (B, H, Tk, D), valid (B, Tk) bool (True = real key) -> (B, H, Tq, D) in query's dtype
-    (float16/bfloat16 computed in float32)."""
+) -> tuple[Tensor, Tensor]:
+    """ReLA on CPU tensors with the C++ kernel (needs :func:`available`), and its normaliser: query (B, H, Tq,
+    D), key and value (B, H, Tk, D), valid (B, Tk) bool (True = real key) -> the output (B, H, Tq, D) in query's
+    dtype (float16/bfloat16 computed in float32), and each query's total weight D_i = sum_j A_ij (B, H, Tq) in
+    the compute dtype, both differentiable."""
     dtype = compute_dtype(query.dtype)
     q, k, v = (_rows(x.to(dtype)) for x in (query, key, value))
     # A window wider than both sequences reaches every key: no halo needed.
     halo = -1 if sliding_window is None else min(sliding_window - 1, max(q.shape[2], k.shape[2]))
-    return _forward(q, k, v, valid.to(torch.bool).contiguous(), halo, float(scaling)).to(query.dtype)
+    out, denominator = _forward(q, k, v, valid.to(torch.bool).contiguous(), halo, float(scaling))
+    return out.to(query.dtype), denominator

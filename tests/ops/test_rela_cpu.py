@@ -1,6 +1,6 @@
 """ReLA's C++ CPU kernel (``csrc/rela_cpu.cpp``, what :func:`rela` runs on CPU): values and gradients
-(q, k, v) against the float64 reference and against the torch implementation (what other devices run),
-in every dtype the op takes, with key padding (a sequence with no valid key, a key tile all padded)
+(q, k, v), and of its normaliser D = sum_j A_ij, against the float64 reference and against the torch
+implementation (what other devices run), in every dtype the op takes, with key padding (a sequence with no valid key, a key tile all padded)
 and sliding windows (tiles skipped, tiles cut by the band); the custom ops under
 ``torch.compile(fullgraph=True)``; and how :func:`rela` picks the kernel.
 
@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from hf_sliced_attn.ops import _native, rela, rela_cpu
-from hf_sliced_attn.ops.naive import rela_reference
+from hf_sliced_attn.ops.naive import rela_reference, rela_weights_reference
 from tests.helpers.comparisons import assert_matches_reference, op_output_and_input_grads, relative_error
 from tests.helpers.native import requires_compiler
 from tests.helpers.op_inputs import key_padding
@@ -78,6 +78,25 @@ def test_matches_the_reference(case, padded):
     out = assert_matches_reference(rela, rela_reference, tensors, differentiable=QKV, rtol=rtol,
                                    grad_rtol=grad_rtol, scaling=0.3, sliding_window=case[5])
     assert out.dtype == case[-1]
+
+
+@pytest.mark.parametrize("case", _params([CASES[2], CASES[4], CASES[5], CASES[8]]))
+def test_the_kernel_returns_the_normaliser_with_its_gradient(case):
+    """``return_denominator`` on the kernel: D_i = sum_j A_ij over tiles, windows and padding, and its gradient
+    in q and k when D alone reaches the loss (the kernel's backward gets no gradient of O)."""
+    tensors = _inputs(case, padded=True, seed=8)
+    q, k = (tensors[name].requires_grad_() for name in ("query", "key"))
+    mask, window = tensors["key_padding_mask"], case[5]
+    denominator = rela(**tensors, scaling=0.3, sliding_window=window, return_denominator=True)[1]
+    weights = rela_weights_reference(q, k, mask, scaling=0.3, sliding_window=window)
+    expected = weights.sum(-1)
+    rtol, grad_rtol = TOLERANCES[case[-1]]
+    assert denominator.dtype == case[-1] and relative_error(denominator, expected) <= rtol
+    probe = torch.randn_like(expected)
+    grads = torch.autograd.grad((denominator * probe).sum(), (q, k))
+    expected_grads = torch.autograd.grad((expected * probe).sum(), (q, k))
+    for grad, expected_grad in zip(grads, expected_grads, strict=True):
+        assert relative_error(grad, expected_grad) <= grad_rtol
 
 
 @pytest.mark.parametrize("case", _params(HALF_CASES))

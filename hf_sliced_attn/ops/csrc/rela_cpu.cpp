@@ -3,11 +3,15 @@
 // For one (batch, head) group, queries Q (Tq, D), keys K and values V (Tk, D), the scaling c and the
 // mask M (M_ij = 1 when key j is valid and, with a window of halo h = w - 1, |i - j| <= h):
 //
-//     S = c Q K^T,   A = ReLU(S) ⊙ M,   O = A V.
+//     S = c Q K^T,   A = ReLU(S) ⊙ M,   O = A V,   and each query's total weight N_i = sum_j A_ij.
 //
-// Backward, for the gradient dO (Tq, D) of O, recomputing A tile by tile (nothing pair-sized is kept):
+// Backward, for the gradients dO (Tq, D) of O and dN (Tq) of N, recomputing A tile by tile (nothing
+// pair-sized is kept):
 //
-//     dV = A^T dO,   dA = dO V^T,   dS = dA ⊙ 1[A > 0],   dQ = c dS K,   dK = c dS^T Q.
+//     dV = A^T dO,   dA_ij = dO_i . V_j + dN_i,   dS = dA ⊙ 1[A > 0],   dQ = c dS K,   dK = c dS^T Q.
+//
+// N is what a shared normaliser with another attention needs (ops/local_window.py); its row sums ride
+// along with the tile passes the ReLU already makes.
 //
 // ReLU needs no running maximum, so a query tile's output is a plain sum over key tiles,
 // O_i = sum_j A_ij V_j, and nothing is rescaled. The queries go in tiles of kQueryTile rows and the
@@ -25,8 +29,9 @@
 // float and double are computed in their own precision.
 //
 // Layouts: q, k, v, out, grad_out and the gradients (B, H, T, D) with any (batch, head, token)
-// element strides, a token stride >= D below 2^31 (BLAS's int) and a contiguous last dim; valid (B, Tk) uint8. Entry points return 0, or 1
-// after an exception.
+// element strides, a token stride >= D below 2^31 (BLAS's int) and a contiguous last dim; valid (B, Tk)
+// uint8; N and dN (G, Tq) contiguous, G = B * H, in the values' dtype. Entry points return 0, or 1 after
+// an exception.
 
 #include <ATen/Parallel.h>
 
@@ -135,19 +140,22 @@ inline bool any_valid(const std::uint8_t* valid, Index j0, Index cols) {
   return std::any_of(valid + j0, valid + j0 + cols, [](std::uint8_t x) { return x != 0; });
 }
 
-// What one thread keeps between tiles: the score tile and (backward) its gradient.
+// What one thread keeps between tiles: the score tile, (forward) its rows' total weights so far and
+// (backward) its gradient.
 template <typename Scalar>
 struct Workspace {
   std::vector<Scalar> scores, grad;
+  std::vector<double> totals;
   void reset(bool backward) {
     scores.resize(kQueryTile * kKeyTile);
     if (backward) grad.resize(kQueryTile * kKeyTile);
+    else totals.assign(kQueryTile, 0.0);
   }
 };
 
 template <typename Scalar>
 void forward_tile(const Shape& s, Index g, Index tile, Scalar scaling, const Scalar* q, const Scalar* k,
-                  const Scalar* v, const std::uint8_t* valid, Scalar* out, const Index* strides) {
+                  const Scalar* v, const std::uint8_t* valid, Scalar* out, Scalar* total, const Index* strides) {
   const Index D = s.dim, i0 = tile * kQueryTile, rows = std::min(kQueryTile, s.q_len - i0);
   const Rows<const Scalar> qg = group_rows(q, strides, s, g), kg = group_rows(k, strides + 3, s, g);
   const Rows<const Scalar> vg = group_rows(v, strides + 6, s, g);
@@ -163,18 +171,25 @@ void forward_tile(const Shape& s, Index g, Index tile, Scalar scaling, const Sca
     if (!any_valid(valid_row, j0, cols)) continue;
     gemm<Scalar>(false, true, rows, cols, D, scaling, qg.row(i0), qg.stride, kg.row(j0), kg.stride, 0, scores, cols);
     rectify(scores, i0, rows, j0, cols, valid_row, s.halo);
+    for (Index r = 0; r < rows; ++r) {
+      const Scalar* __restrict row = scores + r * cols;
+      Scalar sum = 0;
+      for (Index c = 0; c < cols; ++c) sum += row[c];
+      ws.totals[r] += sum;
+    }
     gemm<Scalar>(false, false, rows, D, cols, 1, scores, cols, vg.row(j0), vg.stride, written ? 1 : 0,
                  og.row(i0), og.stride);
     written = true;
   }
   if (!written)
     for (Index r = 0; r < rows; ++r) std::fill(og.row(i0 + r), og.row(i0 + r) + D, Scalar(0));
+  for (Index r = 0; r < rows; ++r) total[g * s.q_len + i0 + r] = static_cast<Scalar>(ws.totals[r]);
 }
 
 template <typename Scalar>
-void backward_group(const Shape& s, Index g, Scalar scaling, const Scalar* grad_out, const Scalar* q,
-                    const Scalar* k, const Scalar* v, const std::uint8_t* valid, Scalar* dq, Scalar* dk, Scalar* dv,
-                    const Index* strides) {
+void backward_group(const Shape& s, Index g, Scalar scaling, const Scalar* grad_out, const Scalar* grad_total,
+                    const Scalar* q, const Scalar* k, const Scalar* v, const std::uint8_t* valid, Scalar* dq,
+                    Scalar* dk, Scalar* dv, const Index* strides) {
   const Index D = s.dim;
   const Rows<const Scalar> gog = group_rows(grad_out, strides, s, g), qg = group_rows(q, strides + 3, s, g);
   const Rows<const Scalar> kg = group_rows(k, strides + 6, s, g), vg = group_rows(v, strides + 9, s, g);
@@ -200,7 +215,13 @@ void backward_group(const Shape& s, Index g, Scalar scaling, const Scalar* grad_
       rectify(weights, i0, rows, j0, cols, valid_row, s.halo);
       gemm<Scalar>(true, false, cols, D, rows, 1, weights, cols, gog.row(i0), gog.stride, 1, dvg.row(j0), dvg.stride);
       gemm<Scalar>(false, true, rows, cols, D, 1, gog.row(i0), gog.stride, vg.row(j0), vg.stride, 0, grad, cols);
-      for (Index at = 0; at < rows * cols; ++at) grad[at] = weights[at] > Scalar(0) ? grad[at] : Scalar(0);
+      const Scalar* grad_total_rows = grad_total + g * s.q_len + i0;
+      for (Index r = 0; r < rows; ++r) {
+        const Scalar extra = grad_total_rows[r];
+        const Scalar* __restrict weight_row = weights + r * cols;
+        Scalar* __restrict grad_row = grad + r * cols;
+        for (Index c = 0; c < cols; ++c) grad_row[c] = weight_row[c] > Scalar(0) ? grad_row[c] + extra : Scalar(0);
+      }
       gemm<Scalar>(false, false, rows, D, cols, scaling, grad, cols, kg.row(j0), kg.stride, written ? 1 : 0,
                    dqg.row(i0), dqg.stride);
       gemm<Scalar>(true, false, cols, D, rows, scaling, grad, cols, qg.row(i0), qg.stride, 1, dkg.row(j0), dkg.stride);
@@ -229,39 +250,45 @@ int parallel_tasks(Index count, Body body) {
 
 template <typename Scalar>
 int forward(const Shape& s, double scaling, const Scalar* q, const Scalar* k, const Scalar* v,
-            const std::uint8_t* valid, Scalar* out, const Index* strides) {
+            const std::uint8_t* valid, Scalar* out, Scalar* total, const Index* strides) {
   const Index tiles = s.query_tiles();
   return parallel_tasks(s.groups() * tiles, [&](Index task) {
-    forward_tile<Scalar>(s, task / tiles, task % tiles, static_cast<Scalar>(scaling), q, k, v, valid, out, strides);
+    forward_tile<Scalar>(s, task / tiles, task % tiles, static_cast<Scalar>(scaling), q, k, v, valid, out, total,
+                         strides);
   });
 }
 
 template <typename Scalar>
-int backward(const Shape& s, double scaling, const Scalar* grad_out, const Scalar* q, const Scalar* k,
-             const Scalar* v, const std::uint8_t* valid, Scalar* dq, Scalar* dk, Scalar* dv, const Index* strides) {
+int backward(const Shape& s, double scaling, const Scalar* grad_out, const Scalar* grad_total, const Scalar* q,
+             const Scalar* k, const Scalar* v, const std::uint8_t* valid, Scalar* dq, Scalar* dk, Scalar* dv,
+             const Index* strides) {
   return parallel_tasks(s.groups(), [&](Index g) {
-    backward_group<Scalar>(s, g, static_cast<Scalar>(scaling), grad_out, q, k, v, valid, dq, dk, dv, strides);
+    backward_group<Scalar>(s, g, static_cast<Scalar>(scaling), grad_out, grad_total, q, k, v, valid, dq, dk, dv,
+                           strides);
   });
 }
 
 }  // namespace
 
 // The sizes (B, H, Tq, Tk, D), the halo h = w - 1 of the window (-1: none) and the scaling, then the
-// tensors and their (batch, head, token) element strides: of q, k, v, out (forward); of grad_out, q,
+// tensors (forward: q, k, v, valid, out, N; backward: grad_out, dN, q, k, v, valid, dq, dk, dv) and the
+// (batch, head, token) element strides of the (B, H, T, D) ones: of q, k, v, out (forward); of grad_out, q,
 // k, v, dq, dk, dv (backward).
 #define RELA_ENTRY_POINTS(SUFFIX, Scalar)                                                                    \
   extern "C" int rela_forward_##SUFFIX(Index batch, Index heads, Index q_len, Index k_len, Index dim,        \
                                        Index halo, double scaling, const Scalar* q, const Scalar* k,         \
                                        const Scalar* v, const std::uint8_t* valid, Scalar* out,              \
-                                       const Index* strides) {                                               \
-    return forward<Scalar>({batch, heads, q_len, k_len, dim, halo}, scaling, q, k, v, valid, out, strides);  \
+                                       Scalar* total, const Index* strides) {                                \
+    return forward<Scalar>({batch, heads, q_len, k_len, dim, halo}, scaling, q, k, v, valid, out, total,     \
+                           strides);                                                                         \
   }                                                                                                          \
   extern "C" int rela_backward_##SUFFIX(Index batch, Index heads, Index q_len, Index k_len, Index dim,       \
-                                        Index halo, double scaling, const Scalar* grad_out, const Scalar* q, \
-                                        const Scalar* k, const Scalar* v, const std::uint8_t* valid,         \
-                                        Scalar* dq, Scalar* dk, Scalar* dv, const Index* strides) {          \
-    return backward<Scalar>({batch, heads, q_len, k_len, dim, halo}, scaling, grad_out, q, k, v, valid, dq,  \
-                            dk, dv, strides);                                                                \
+                                        Index halo, double scaling, const Scalar* grad_out,                  \
+                                        const Scalar* grad_total, const Scalar* q, const Scalar* k,          \
+                                        const Scalar* v, const std::uint8_t* valid, Scalar* dq, Scalar* dk,  \
+                                        Scalar* dv, const Index* strides) {                                  \
+    return backward<Scalar>({batch, heads, q_len, k_len, dim, halo}, scaling, grad_out, grad_total, q, k, v, \
+                            valid, dq, dk, dv, strides);                                                     \
   }
 
 RELA_ENTRY_POINTS(f32, float)
