@@ -71,6 +71,7 @@ VARIANTS = {
         "sliced_relu", ["--keep-softmax-layers", "0", "--local-window", "16", "--window-combine", "shared",
                         "--pack-tokens", "128"]),
     "rela": ("rela", []),
+    **{f"rela_window{w}": ("rela", ["--local-window", str(w), "--window-combine", "shared"]) for w in (4, 16)},
     "rela_packed": ("rela", ["--pack-tokens", "128"]),
     "rela_former_defaults": ("rela", OLD_SCHEDULE),
 }
@@ -78,7 +79,8 @@ VARIANTS = {
 ``*_packed`` train on the training lines joined into rows of up to 128 tokens (the default ``--max-length``), for
 the long tuning text (issue #24); ``*_paragraphs`` (added below) train on :data:`PARAGRAPHS` alone, ``*_mixed`` on
 the usual text and :data:`PARAGRAPHS`, with the flags of the variant they are named after (issue #24)."""
-PARAGRAPH_VARIANTS = ("sliced_relu", "rela", "sliced_relu_window16_all_layers", "sliced_relu_window4_all_layers")
+PARAGRAPH_VARIANTS = ("sliced_relu", "rela", "sliced_relu_window16_all_layers", "sliced_relu_window4_all_layers",
+                      "rela_window4", "rela_window16")
 """The variants also run trained on :data:`PARAGRAPHS`, as ``<name>_paragraphs``, and on the glosses, the shipped
 sentences and :data:`PARAGRAPHS` together, as ``<name>_mixed``."""
 VARIANTS.update({f"{name}_{text}": VARIANTS[name] for name in PARAGRAPH_VARIANTS for text in ("paragraphs", "mixed")})
