@@ -198,6 +198,11 @@ def test_each_mechanism_brings_its_measured_transfer_settings(tiny_roberta, tmp_
         assert resolved.keep_softmax_layers == 0  # convert's default converts every layer (issue #24)
     sliced = ConvertOptions(model=str(tiny_roberta), mechanism="sliced_relu", output_dir=str(tmp_path), text=["t"])
     assert (sliced.resolved_options()["num_slices"], sliced.resolved_options()["local_window"]) == (4, 16)
+    rela = ConvertOptions(model=str(tiny_roberta), mechanism="rela", output_dir=str(tmp_path), text=["t"])
+    assert rela.resolved_options()["local_window"] == 16  # both convert with a window of 16 (issue #24)
+    given = ConvertOptions(model=str(tiny_roberta), mechanism="rela", output_dir=str(tmp_path), text=["t"],
+                           mechanism_options={"local_window": 0})
+    assert given.resolved_options()["local_window"] == 0  # a given option wins
 
 
 def test_a_default_count_of_softmax_layers_keeps_at_most_half(rela_keeps_two_layers):

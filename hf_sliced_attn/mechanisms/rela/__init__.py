@@ -23,9 +23,10 @@ RELA = Mechanism(
         "learned per-head gate (`rela_window_gate`) or LoLCATs' shared normaliser (`rela_window_share`); the norm "
         "never rescales the window's softmax."
     ),
-    # Before fine-tuning, a softmax window of 4 tokens beside ReLA in every layer (chosen on the quality
-    # benchmark's validation split, benchmarks/results/rela_all_layers_probe/README.md).
-    conversion_defaults={"finetune": {"local_window": 4}},
+    # A softmax window beside ReLA in every layer, combined after its norm: 16 tokens for convert (chosen on the
+    # tuning texts, benchmarks/results/conversion_paragraphs/rela_window/README.md), 4 before fine-tuning (chosen
+    # on the quality benchmark's validation split, benchmarks/results/rela_all_layers_probe/README.md).
+    conversion_defaults={"convert": {"local_window": 16}, "finetune": {"local_window": 4}},
     # Every layer converted for both (TransferConfig's keep_softmax_layers 0). convert: measured on
     # all-MiniLM-L6-v2, held-out text of another kind (benchmarks/README.md, "Conversion fidelity"); 700 stage-2
     # steps, not 400: better on both tuning texts when the transfer trains on short and long text together
