@@ -140,6 +140,21 @@ inline bool any_valid(const std::uint8_t* valid, Index j0, Index cols) {
   return std::any_of(valid + j0, valid + j0 + cols, [](std::uint8_t x) { return x != 0; });
 }
 
+// sum_c row[c], in kLanes independent partial sums that the compiler vectorises (one running sum would
+// fix the order of the float additions and keep the loop scalar).
+template <typename Scalar>
+Scalar row_sum(const Scalar* __restrict row, Index cols) {
+  constexpr Index kLanes = 16;
+  Scalar lanes[kLanes] = {};
+  Index c = 0;
+  for (; c + kLanes <= cols; c += kLanes)
+    for (Index l = 0; l < kLanes; ++l) lanes[l] += row[c + l];
+  Scalar sum = 0;
+  for (; c < cols; ++c) sum += row[c];
+  for (Index l = 0; l < kLanes; ++l) sum += lanes[l];
+  return sum;
+}
+
 // What one thread keeps between tiles: the score tile, (forward) its rows' total weights so far and
 // (backward) its gradient.
 template <typename Scalar>
@@ -171,12 +186,7 @@ void forward_tile(const Shape& s, Index g, Index tile, Scalar scaling, const Sca
     if (!any_valid(valid_row, j0, cols)) continue;
     gemm<Scalar>(false, true, rows, cols, D, scaling, qg.row(i0), qg.stride, kg.row(j0), kg.stride, 0, scores, cols);
     rectify(scores, i0, rows, j0, cols, valid_row, s.halo);
-    for (Index r = 0; r < rows; ++r) {
-      const Scalar* __restrict row = scores + r * cols;
-      Scalar sum = 0;
-      for (Index c = 0; c < cols; ++c) sum += row[c];
-      ws.totals[r] += sum;
-    }
+    for (Index r = 0; r < rows; ++r) ws.totals[r] += row_sum(scores + r * cols, cols);
     gemm<Scalar>(false, false, rows, D, cols, 1, scores, cols, vg.row(j0), vg.stride, written ? 1 : 0,
                  og.row(i0), og.stride);
     written = true;
