@@ -75,6 +75,8 @@ def _forward(q: Tensor, k: Tensor, v: Tensor, valid: Tensor, halo: int, scaling:
     out, total = q.new_empty(q.shape), q.new_empty(q.shape[:3])
     if out.numel():
         _call("forward", halo, scaling, (q, k, v, valid, out, total), (q, k, v, out), k.shape[2])
+    else:  # D = 0: every score is 0
+        total.zero_()
     return out, total
 
 
