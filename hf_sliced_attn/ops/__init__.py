@@ -1,8 +1,10 @@
 """The maths, free of transformers: fast ops and their float64 references.
 
 The ops are torch functions; on CPU, ``sliced_relu`` and ``sliced_relu_bump`` run the C++ kernels of
-:mod:`.sliced_relu_cpu` and ``windowed_softmax`` (so ``local_window_attention``) that of
-:mod:`.windowed_softmax_cpu`, built on first use by :mod:`._native`. Each op sits next to its
+:mod:`.sliced_relu_cpu`, ``rela`` that of :mod:`.rela_cpu`, ``windowed_softmax`` that of
+:mod:`.windowed_softmax_cpu` and, for small windows, ``local_window_attention`` and
+``rela_local_window_attention`` that of :mod:`.local_window_cpu`, built on first use by :mod:`._native`. Each op
+sits next to its
 reference in :mod:`hf_sliced_attn.ops.naive`, and the tests compare the two, values and
 gradients.
 """

@@ -39,10 +39,12 @@ _SOURCES = Path(__file__).with_name("csrc")
 def _flags() -> list[str]:
     """Compiler flags: optimised for this CPU, against the installed torch's headers and
     libraries (the kernels use ``at::parallel_for``, torch's own OpenMP thread pool), as torch
-    builds its C++ extensions."""
+    builds its C++ extensions. ``-fno-trapping-math`` (no code reads floating-point exception flags; results
+    are unchanged) lets GCC vectorise float-to-int conversions, which ``fast_exp.h``'s exponential needs."""
     abi = int(torch.compiled_with_cxx11_abi())
     return [
-        "-O3", "-march=native", "-std=c++17", "-shared", "-fPIC", "-fopenmp", f"-D_GLIBCXX_USE_CXX11_ABI={abi}",
+        "-O3", "-march=native", "-fno-trapping-math", "-std=c++17", "-shared", "-fPIC", "-fopenmp",
+        f"-D_GLIBCXX_USE_CXX11_ABI={abi}",
         *(f"-I{path}" for path in cpp_extension.include_paths()),
         *(f"-L{path}" for path in cpp_extension.library_paths()),
         *(f"-Wl,-rpath,{path}" for path in cpp_extension.library_paths()),
@@ -128,18 +130,21 @@ def load(name: str) -> ctypes.CDLL | None:
 
 
 def entry_points(
-    name: str, prefix: str, scalars: list[type], steps: dict[str, int]
+    name: str, prefix: str, scalars: list[type], steps: dict[str, int],
+    step_scalars: dict[str, list[type]] | None = None,
 ) -> dict[str, ctypes._CFuncPtr] | None:
     """The entry points ``<prefix>_<step>_<f32|f64>`` of the library ``csrc/<name>.cpp`` (:func:`load`) with
     their argument types, keyed by ``<step>_<f32|f64>``; None without the library. Every entry point takes
-    the ``scalars`` (ctypes types: sizes, then the step's options), then the data pointers of ``steps[step]``
-    tensors, then one pointer to the array of their strides, and returns an int status."""
+    the ``scalars`` (ctypes types: sizes, then the options), then those of ``step_scalars[step]`` (options of
+    that step alone, if any), then the data pointers of ``steps[step]`` tensors, then one pointer to the array
+    of their strides, and returns an int status."""
     library = load(name)
     if library is None:
         return None
     kernels = {}
     for step, tensors in steps.items():
-        argtypes = [*scalars, *[ctypes.c_void_p] * (tensors + 1)]
+        own = (step_scalars or {}).get(step, [])
+        argtypes = [*scalars, *own, *[ctypes.c_void_p] * (tensors + 1)]
         for suffix in ("f32", "f64"):
             function = getattr(library, f"{prefix}_{step}_{suffix}")
             function.argtypes, function.restype = argtypes, ctypes.c_int

@@ -42,7 +42,9 @@ Cost: the window's softmax is :func:`.banded.windowed_softmax` (its log-normalis
 ``return_lse``): O(T * w * D) time and O(T * (w + D)) memory per head, never a (T, T) tensor.
 The sliced term and its D come from :func:`.sliced_relu.sliced_relu` or
 :func:`.sliced_relu_bump.sliced_relu_bump` (``return_denominator``): O(T log T) per head.
-Everything is differentiable in query, key, value, sliced, mix and denominator.
+Everything is differentiable in query, key, value, sliced, mix and denominator. On CPU, for a window of at most
+:data:`.local_window_cpu.MAX_WINDOW` keys each side, the window and the combination are one C++ kernel
+(:func:`.local_window_cpu.local_window_cpu`, the same function in one pass over the tokens).
 
 ReLA (arXiv 2104.07012) takes the same window in :func:`rela_local_window_attention`. Its global term
 is ReLA's output as a layer without a window gives it, after its gated RMSNorm over all heads:
@@ -52,7 +54,10 @@ g_h local_i + (1 - g_h) G_i and "shared" is (sum_{W(i)} exp(a_ij) v_j + gamma_h 
 + gamma_h D_i). The norm acts on ReLA's term only, never on the window's softmax: where the window holds the
 mass, the output is the checkpoint's own softmax output, not rescaled per token (normalising after combining
 made the window inexact and stalled the transfer). ReLA is quadratic already: the window adds O(T * w * D)
-to its O(T^2 * D).
+to its O(T^2 * D). On CPU, for a window of at most :data:`.local_window_cpu.MAX_WINDOW_NORMED` keys each side,
+ReLA's kernel, the norm, the window and the combination are one autograd node
+(:func:`.local_window_cpu.rela_local_window_cpu`): no elementwise pass over (B, H, T, D) tensors, and one set of
+q, k, v gradients.
 """
 
 from __future__ import annotations
@@ -60,6 +65,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from . import local_window_cpu, rela_cpu
 from ._common import compute_dtype
 from .banded import windowed_softmax
 from .norm import gated_rms_norm
@@ -71,21 +77,27 @@ WINDOW_COMBINES = ("gate", "shared")
 """The ways :func:`local_window_attention` combines the window's softmax with the sliced term."""
 
 
-def _check(
-    query: Tensor, value: Tensor, sliced: Tensor, mix: Tensor, denominator: Tensor | None, window: int, combine: str
-) -> None:
-    """Raise ValueError for a window, combination or shape :func:`local_window_attention` cannot take."""
+def _check_window(query: Tensor, mix: Tensor, window: int, combine: str) -> None:
+    """Raise ValueError for a window, combination or mix that the window's ops cannot take."""
     if isinstance(window, bool) or not isinstance(window, int) or window < 1:
         raise ValueError(f"window must be an int >= 1 (the keys with |i - j| <= window), got {window!r}")
     if combine not in WINDOW_COMBINES:
         raise ValueError(f"combine={combine!r} is not valid: use one of {list(WINDOW_COMBINES)}")
+    heads = query.shape[1]
+    if tuple(mix.shape) != (heads,):
+        raise ValueError(f"mix must have shape (H,) = {(heads,)}, got {tuple(mix.shape)}")
+
+
+def _check(
+    query: Tensor, value: Tensor, sliced: Tensor, mix: Tensor, denominator: Tensor | None, window: int, combine: str
+) -> None:
+    """Raise ValueError for a window, combination or shape :func:`local_window_attention` cannot take."""
+    _check_window(query, mix, window, combine)
     if sliced.shape != value.shape:
         raise ValueError(
             f"sliced must have value's shape (B, H, T, D) = {tuple(value.shape)}, got {tuple(sliced.shape)}"
         )
     heads = query.shape[1]
-    if tuple(mix.shape) != (heads,):
-        raise ValueError(f"mix must have shape (H,) = {(heads,)}, got {tuple(mix.shape)}")
     if combine == "shared":
         if denominator is None:
             raise ValueError("combine='shared' needs the sliced kernel's denominator D (B, H, T) or (B, H, M, T)")
@@ -96,6 +108,19 @@ def _check(
                 f"denominator must have shape (B, H, T) or (B, H, M, T) with (B, H, T) = {(batch, heads, length)}, "
                 f"got {tuple(denominator.shape)}"
             )
+
+
+def _kernel_path(query: Tensor, window: int, widest: int) -> bool:
+    """Whether the C++ kernel of :mod:`.local_window_cpu` computes this window: CPU tensors, the kernel built, and
+    a window no wider than ``widest`` (where its direct loops are measured faster)."""
+    return query.device.type == "cpu" and window <= widest and local_window_cpu.available()
+
+
+def _valid_keys(key_padding_mask: Tensor | None, query: Tensor) -> Tensor:
+    """key_padding_mask, or every key valid: (B, T) bool."""
+    if key_padding_mask is not None:
+        return key_padding_mask
+    return torch.ones(query.shape[0], query.shape[2], dtype=torch.bool, device=query.device)
 
 
 def _shared_weight(lse: Tensor, denominator: Tensor, gamma: Tensor) -> Tensor:
@@ -127,6 +152,12 @@ def local_window_attention(
     see the module docstring for the maths, shapes and cost. ``scaling`` defaults to Dk^-1/2.
     """
     _check(query, value, sliced, mix, denominator, window, combine)
+    scaling = query.shape[-1] ** -0.5 if scaling is None else scaling
+    if _kernel_path(query, window, local_window_cpu.MAX_WINDOW):
+        if denominator is not None and denominator.dim() == 4:
+            denominator = denominator.mean(2)
+        return local_window_cpu.local_window_cpu(query, key, value, _valid_keys(key_padding_mask, query), sliced,
+                                                 denominator, mix, window=window, combine=combine, scaling=scaling)
     work = compute_dtype(sliced.dtype)
     length = query.shape[2]
     # |i - j| <= w is windowed_softmax's sliding_window w + 1; beyond T - 1 every key is in it,
@@ -164,8 +195,17 @@ def rela_local_window_attention(
     ``norm_gate`` (H*D,)). query, key, value (B, H, T, D) -> (B, H, T, D) in value's dtype; ``scaling``
     (default D^-1/2) scales the scores of both parts.
     """
-    if combine not in WINDOW_COMBINES:
-        raise ValueError(f"combine={combine!r} is not valid: use one of {list(WINDOW_COMBINES)}")
+    _check_window(query, mix, window, combine)
+    features = query.shape[1] * value.shape[-1]
+    for name, param in (("norm_scale", norm_scale), ("norm_gate", norm_gate)):
+        if tuple(param.shape) != (features,):
+            raise ValueError(f"{name} must have shape (H*D,) = ({features},), got {tuple(param.shape)}")
+    if _kernel_path(query, window, local_window_cpu.MAX_WINDOW_NORMED) and rela_cpu.available():
+        return local_window_cpu.rela_local_window_cpu(
+            query, key, value, _valid_keys(key_padding_mask, query), mix, window=window, combine=combine,
+            scaling=query.shape[-1] ** -0.5 if scaling is None else scaling, norm_scale=norm_scale,
+            norm_gate=norm_gate, norm_eps=norm_eps,
+        )
     numerator, denominator = rela(query, key, value, key_padding_mask, scaling=scaling, return_denominator=True)
     batch, heads, length, dim = numerator.shape
     tokens = numerator.transpose(1, 2).reshape(batch, length, heads * dim)

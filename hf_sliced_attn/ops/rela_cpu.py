@@ -43,8 +43,9 @@ def available() -> bool:
 @functools.cache
 def _kernels() -> dict[str, ctypes._CFuncPtr] | None:
     """The entry points with their argument types, keyed by ``<step>_<dtype>``; None without the library."""
-    # (B, H, Tq, Tk, D), the halo, the scaling.
-    return _native.entry_points("rela_cpu", "rela", [ctypes.c_int64] * 6 + [ctypes.c_double], _STEPS)
+    # (B, H, Tq, Tk, D), the halo, the scaling; the backward's accumulate flag.
+    return _native.entry_points("rela_cpu", "rela", [ctypes.c_int64] * 6 + [ctypes.c_double], _STEPS,
+                                {"backward": [ctypes.c_int64]})
 
 
 def _rows(x: Tensor) -> Tensor:
@@ -54,17 +55,29 @@ def _rows(x: Tensor) -> Tensor:
 
 
 def _call(step: str, halo: int, scaling: float, tensors: tuple[Tensor, ...], rows: tuple[Tensor, ...],
-          k_len: int) -> None:
-    """Run ``step`` for the dtype of the (B, H, T, D) ``rows`` (passed with their (batch, head, token) strides)."""
+          k_len: int, *options: int) -> None:
+    """Run ``step`` (with its own ``options``) for the dtype of the (B, H, T, D) ``rows`` (passed with their
+    (batch, head, token) strides)."""
     batch, heads, q_len, dim = rows[0].shape
     suffix = {torch.float32: "f32", torch.float64: "f64"}[rows[0].dtype]
     strides = [stride for x in rows for stride in x.stride()[:3]]
     pointers = [ctypes.c_void_p(x.data_ptr()) for x in tensors]
     status = _kernels()[f"{step}_{suffix}"](
-        batch, heads, q_len, k_len, dim, halo, scaling, *pointers, (ctypes.c_int64 * len(strides))(*strides)
+        batch, heads, q_len, k_len, dim, halo, scaling, *options, *pointers,
+        (ctypes.c_int64 * len(strides))(*strides),
     )
     if status:
         raise RuntimeError(f"the ReLA CPU kernel failed in its {step} (out of memory, or a stride beyond int32?)")
+
+
+def rela_kernel(q: Tensor, k: Tensor, v: Tensor, valid: Tensor, halo: int, scaling: float) -> tuple[Tensor, Tensor]:
+    """The forward kernel's call, outside autograd: see :func:`_forward`."""
+    out, total = q.new_empty(q.shape), q.new_empty(q.shape[:3])
+    if out.numel():
+        _call("forward", halo, scaling, (q, k, v, valid, out, total), (q, k, v, out), k.shape[2])
+    else:  # D = 0: every score is 0
+        total.zero_()
+    return out, total
 
 
 @torch.library.custom_op("hf_sliced_attn::rela_cpu", mutates_args=(), device_types="cpu")
@@ -72,12 +85,7 @@ def _forward(q: Tensor, k: Tensor, v: Tensor, valid: Tensor, halo: int, scaling:
     """q (B, H, Tq, D), k, v (B, H, Tk, D) float32/64 laid out for :func:`_rows`, valid (B, Tk) bool
     contiguous, halo = w - 1 (-1 without a window) -> out (B, H, Tq, D) and the total weights N (B, H, Tq),
     contiguous, in q's dtype."""
-    out, total = q.new_empty(q.shape), q.new_empty(q.shape[:3])
-    if out.numel():
-        _call("forward", halo, scaling, (q, k, v, valid, out, total), (q, k, v, out), k.shape[2])
-    else:  # D = 0: every score is 0
-        total.zero_()
-    return out, total
+    return rela_kernel(q, k, v, valid, halo, scaling)
 
 
 @_forward.register_fake
@@ -94,8 +102,18 @@ def _backward(
     dq, dk, dv = q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
     if dq.numel() or dk.numel():
         tensors = (grad_out, grad_total, q, k, v, valid, dq, dk, dv)
-        _call("backward", halo, scaling, tensors, (grad_out, q, k, v, dq, dk, dv), k.shape[2])
+        _call("backward", halo, scaling, tensors, (grad_out, q, k, v, dq, dk, dv), k.shape[2], 0)
     return dq, dk, dv
+
+
+def add_backward(grad_out: Tensor, grad_total: Tensor, q: Tensor, k: Tensor, v: Tensor, valid: Tensor, halo: int,
+                 scaling: float, dq: Tensor, dk: Tensor, dv: Tensor) -> None:
+    """The backward of :func:`_backward`'s arguments, its dL/dq, dL/dk, dL/dv added in place to ``dq``, ``dk``,
+    ``dv`` (laid out for :func:`_rows`): for an op that sums ReLA's gradients with another attention's, without a
+    second buffer and a sum."""
+    if dq.numel() or dk.numel():
+        tensors = (grad_out, grad_total, q, k, v, valid, dq, dk, dv)
+        _call("backward", halo, scaling, tensors, (grad_out, q, k, v, dq, dk, dv), k.shape[2], 1)
 
 
 @_backward.register_fake

@@ -87,6 +87,8 @@ CASES = [
     pytest.param(1, 2, None, 9, 4, 9, True, id="w-equals-T-affine"),
     pytest.param(2, 1, 3, 6, 3, 100, False, id="w-beyond-T-M3"),
     pytest.param(3, 2, None, 64, 6, 15, False, id="w15-T64"),
+    pytest.param(2, 2, 2, 40, 32, 4, True, id="w4-D32-M2-affine"),  # the kernel's compiled-in head dims
+    pytest.param(1, 3, None, 33, 64, 2, False, id="w2-D64"),
 ]
 
 
@@ -95,7 +97,8 @@ CASES = [
 @pytest.mark.parametrize("kernel", ["relu", "bump"])
 @pytest.mark.parametrize("combine", WINDOW_COMBINES)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["f32", "f64"])
-def test_matches_reference(batch, heads, slices, length, dim, window, affine, padded, kernel, combine, dtype):
+def test_matches_reference(batch, heads, slices, length, dim, window, affine, padded, kernel, combine, dtype,
+                           window_implementation):
     tensors = inputs(batch, heads, slices, length, dim, combine=combine, bump=kernel == "bump", affine=affine,
                      padded=padded, dtype=dtype, seed=length * 7 + window)
     out = assert_matches_reference(
@@ -109,7 +112,7 @@ def test_matches_reference(batch, heads, slices, length, dim, window, affine, pa
 
 @pytest.mark.parametrize("kernel", ["relu", "bump"])
 @pytest.mark.parametrize("combine", WINDOW_COMBINES)
-def test_bfloat16_is_computed_in_float32(kernel, combine):
+def test_bfloat16_is_computed_in_float32(kernel, combine, window_implementation):
     tensors = inputs(2, 2, 2, 30, 8, combine=combine, bump=kernel == "bump", affine=True, padded=True,
                      dtype=torch.bfloat16, seed=5)
     out = assert_matches_reference(

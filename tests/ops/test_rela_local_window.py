@@ -49,6 +49,8 @@ CASES = [
     pytest.param(2, 2, 20, 4, 1, id="w1"),
     pytest.param(1, 2, 9, 4, 9, id="w-equals-T"),
     pytest.param(3, 2, 64, 6, 15, id="w15-T64"),
+    pytest.param(2, 3, 40, 32, 4, id="w4-D32"),  # the kernel's compiled-in head dims
+    pytest.param(1, 2, 33, 64, 16, id="w16-D64"),
 ]
 
 
@@ -56,7 +58,7 @@ CASES = [
 @pytest.mark.parametrize("padded", [False, True], ids=["nopad", "pad"])
 @pytest.mark.parametrize("combine", WINDOW_COMBINES)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["f32", "f64"])
-def test_matches_reference(batch, heads, length, dim, window, padded, combine, dtype):
+def test_matches_reference(batch, heads, length, dim, window, padded, combine, dtype, window_implementation):
     tensors = inputs(batch, heads, length, dim, combine=combine, padded=padded, dtype=dtype, seed=length + window)
     out = assert_matches_reference(
         rela_local_window_attention, rela_local_window_reference, tensors, differentiable=DIFFERENTIABLE,
@@ -68,7 +70,7 @@ def test_matches_reference(batch, heads, length, dim, window, padded, combine, d
 
 
 @pytest.mark.parametrize("combine", WINDOW_COMBINES)
-def test_bfloat16_is_computed_in_float32(combine):
+def test_bfloat16_is_computed_in_float32(combine, window_implementation):
     tensors = inputs(2, 2, 30, 8, combine=combine, padded=True, dtype=torch.bfloat16, seed=5)
     out = assert_matches_reference(
         rela_local_window_attention, rela_local_window_reference, tensors, differentiable=DIFFERENTIABLE,

@@ -196,17 +196,18 @@ void forward_tile(const Shape& s, Index g, Index tile, Scalar scaling, const Sca
   for (Index r = 0; r < rows; ++r) total[g * s.q_len + i0 + r] = static_cast<Scalar>(ws.totals[r]);
 }
 
+// accumulate: add the gradients to what dq, dk and dv hold (another attention's, in one buffer), else write them.
 template <typename Scalar>
-void backward_group(const Shape& s, Index g, Scalar scaling, const Scalar* grad_out, const Scalar* grad_total,
-                    const Scalar* q, const Scalar* k, const Scalar* v, const std::uint8_t* valid, Scalar* dq,
-                    Scalar* dk, Scalar* dv, const Index* strides) {
+void backward_group(const Shape& s, Index g, Scalar scaling, bool accumulate, const Scalar* grad_out,
+                    const Scalar* grad_total, const Scalar* q, const Scalar* k, const Scalar* v,
+                    const std::uint8_t* valid, Scalar* dq, Scalar* dk, Scalar* dv, const Index* strides) {
   const Index D = s.dim;
   const Rows<const Scalar> gog = group_rows(grad_out, strides, s, g), qg = group_rows(q, strides + 3, s, g);
   const Rows<const Scalar> kg = group_rows(k, strides + 6, s, g), vg = group_rows(v, strides + 9, s, g);
   const Rows<Scalar> dqg = group_rows(dq, strides + 12, s, g), dkg = group_rows(dk, strides + 15, s, g);
   const Rows<Scalar> dvg = group_rows(dv, strides + 18, s, g);
   const std::uint8_t* valid_row = valid + (g / s.heads) * s.k_len;
-  for (Index j = 0; j < s.k_len; ++j) {
+  for (Index j = 0; j < s.k_len && !accumulate; ++j) {
     std::fill(dkg.row(j), dkg.row(j) + D, Scalar(0));
     std::fill(dvg.row(j), dvg.row(j) + D, Scalar(0));
   }
@@ -216,7 +217,7 @@ void backward_group(const Shape& s, Index g, Scalar scaling, const Scalar* grad_
   for (Index i0 = 0; i0 < s.q_len; i0 += kQueryTile) {
     const Index rows = std::min(kQueryTile, s.q_len - i0);
     const KeyRange keys(s, i0, i0 + rows);
-    bool written = false;
+    bool written = accumulate;
     for (Index j0 = keys.lo; j0 < keys.hi; j0 += kKeyTile) {
       const Index cols = std::min(kKeyTile, keys.hi - j0);
       if (!any_valid(valid_row, j0, cols)) continue;
@@ -269,18 +270,19 @@ int forward(const Shape& s, double scaling, const Scalar* q, const Scalar* k, co
 }
 
 template <typename Scalar>
-int backward(const Shape& s, double scaling, const Scalar* grad_out, const Scalar* grad_total, const Scalar* q,
-             const Scalar* k, const Scalar* v, const std::uint8_t* valid, Scalar* dq, Scalar* dk, Scalar* dv,
-             const Index* strides) {
+int backward(const Shape& s, double scaling, bool accumulate, const Scalar* grad_out, const Scalar* grad_total,
+             const Scalar* q, const Scalar* k, const Scalar* v, const std::uint8_t* valid, Scalar* dq, Scalar* dk,
+             Scalar* dv, const Index* strides) {
   return parallel_tasks(s.groups(), [&](Index g) {
-    backward_group<Scalar>(s, g, static_cast<Scalar>(scaling), grad_out, grad_total, q, k, v, valid, dq, dk, dv,
-                           strides);
+    backward_group<Scalar>(s, g, static_cast<Scalar>(scaling), accumulate, grad_out, grad_total, q, k, v, valid,
+                           dq, dk, dv, strides);
   });
 }
 
 }  // namespace
 
-// The sizes (B, H, Tq, Tk, D), the halo h = w - 1 of the window (-1: none) and the scaling, then the
+// The sizes (B, H, Tq, Tk, D), the halo h = w - 1 of the window (-1: none), the scaling and (backward) whether
+// to add the gradients to dq, dk and dv (1) or write them (0), then the
 // tensors (forward: q, k, v, valid, out, N; backward: grad_out, dN, q, k, v, valid, dq, dk, dv) and the
 // (batch, head, token) element strides of the (B, H, T, D) ones: of q, k, v, out (forward); of grad_out, q,
 // k, v, dq, dk, dv (backward).
@@ -293,12 +295,13 @@ int backward(const Shape& s, double scaling, const Scalar* grad_out, const Scala
                            strides);                                                                         \
   }                                                                                                          \
   extern "C" int rela_backward_##SUFFIX(Index batch, Index heads, Index q_len, Index k_len, Index dim,       \
-                                        Index halo, double scaling, const Scalar* grad_out,                  \
+                                        Index halo, double scaling, Index accumulate,                        \
+                                        const Scalar* grad_out,                                              \
                                         const Scalar* grad_total, const Scalar* q, const Scalar* k,          \
                                         const Scalar* v, const std::uint8_t* valid, Scalar* dq, Scalar* dk,  \
                                         Scalar* dv, const Index* strides) {                                  \
-    return backward<Scalar>({batch, heads, q_len, k_len, dim, halo}, scaling, grad_out, grad_total, q, k, v, \
-                            valid, dq, dk, dv, strides);                                                     \
+    return backward<Scalar>({batch, heads, q_len, k_len, dim, halo}, scaling, accumulate != 0, grad_out,     \
+                            grad_total, q, k, v, valid, dq, dk, dv, strides);                                \
   }
 
 RELA_ENTRY_POINTS(f32, float)

@@ -23,7 +23,7 @@
 // axpys along D. Within a block, kRows consecutive queries go together over the span of their
 // windows (2 h + kRows keys; each query's own window masked inside it): every key, value, dk and dv
 // row loaded serves kRows queries, which is what bounds these loops. The exponentials of a float
-// span are a branch-free polynomial that vectorises (exp_nonpositive), not a libm call per key. float
+// span are a branch-free polynomial that vectorises (fast_exp.h), not a libm call per key. float
 // and double are computed in their own precision; the row statistics (max, sum, lse) in double.
 //
 // Layouts (sorted_sweep.h's Shape, with slices = 1 and q_len = k_len = T): q, k, v, out and the
@@ -31,6 +31,7 @@
 // (B, T) uint8; lse and its gradient (G, T) contiguous, G = B * H, in the values' dtype. Groups
 // are split over torch's intra-op threads. Entry points return 0, or 1 after an exception.
 
+#include "fast_exp.h"
 #include "sorted_sweep.h"
 
 #include <algorithm>
@@ -123,28 +124,6 @@ struct Tile {
   }
 };
 
-// exp(x) for x <= 0, branch-free so that loops over it vectorise: x = n ln 2 + r with |r| <= ln 2 / 2,
-// exp(r) by Cephes' degree-6 polynomial (within 2 ulp), 2^n written into the exponent bits. Arguments
-// below -87, where float leaves its normal range, are clamped there (giving < 2e-38, against a window
-// maximum of exp(0) = 1). double keeps std::exp.
-inline float exp_nonpositive(float x) {
-  x = std::max(x, -87.0f);
-  const float n = std::floor(x * 1.44269504088896341f + 0.5f);
-  const float r = (x - n * 0.693359375f) + n * 2.12194440e-4f;
-  float p = 1.9875691500e-4f;
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  const float y = p * r * r + r + 1.0f;
-  const std::int32_t bits = (static_cast<std::int32_t>(n) + 127) << 23;
-  float scale;
-  std::memcpy(&scale, &bits, sizeof scale);
-  return y * scale;
-}
-inline double exp_nonpositive(double x) { return std::exp(x); }
-
 // R consecutive queries i0 .. i0 + R - 1 and their windows: query r sees the keys [lo[r], hi[r]), clipped
 // to the sequence; together they see [lo[0], hi[R - 1]) (the span), n keys.
 template <Index R>
@@ -167,7 +146,7 @@ struct Queries {
     const Index begin = lo[r] - first, end = hi[r] - first;
     const std::uint8_t* __restrict valid = valid_row + first;
     for (Index a = 0; a < n; ++a) {
-      const Scalar e = exp_nonpositive(std::min(weights[a] - shift, Scalar(0)));
+      const Scalar e = fast_exp(std::min(weights[a] - shift, Scalar(0)));
       weights[a] = (a >= begin && a < end && valid[a]) ? e : Scalar(0);
     }
   }
