@@ -169,11 +169,14 @@ def _rela_setup_context(ctx, inputs: tuple, output: tuple[Tensor, Tensor, Tensor
     *tensors, ctx.halo, ctx.shared, ctx.scaling, ctx.eps = inputs
     _, numerator, denominator = output
     ctx.mark_non_differentiable(numerator, denominator)
+    ctx.set_materialize_grads(False)  # no zero-filled (B, H, T, D) gradient for the kept numerator
     ctx.save_for_backward(*tensors, numerator, denominator)
 
 
-def _rela_backward_rule(ctx, grad_out: Tensor, *_) -> tuple[Tensor | None, ...]:
+def _rela_backward_rule(ctx, grad_out: Tensor | None, *_) -> tuple[Tensor | None, ...]:
     q, k, v, valid, scale, gate, mix, numerator, denominator = ctx.saved_tensors
+    if grad_out is None:  # gradients are not materialised: none flowed into the output
+        grad_out = q.new_zeros(q.shape)
     dq, dk, dv, dscale, dgate, dmix = _rela_backward(
         _rows(grad_out.to(q.dtype)), q, k, v, valid, numerator, denominator, scale, gate, mix, ctx.halo, ctx.shared,
         ctx.scaling, ctx.eps,

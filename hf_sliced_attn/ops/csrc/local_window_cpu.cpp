@@ -159,10 +159,11 @@ struct Inputs {
 };
 
 // One token's forward quantities, recomputed by the backward: per head the window's weights p (span entries,
-// 0 outside W(i)), local, lse and alpha; the norm's r and, per feature, its sigmoid s and y.
+// 0 outside W(i)), local, alpha and whether any key was seen; the norm's r and, per feature, its sigmoid s and y.
 template <typename Scalar, Index kDim>
 struct Token {
-  std::vector<Scalar> p, local, y, s, alpha, lse;
+  std::vector<Scalar> p, local, y, s, alpha;
+  std::vector<std::uint8_t> seen;
   double r = 1.0;
 
   void reset(const Shape& shape) {
@@ -171,7 +172,7 @@ struct Token {
     y.resize(shape.features());
     s.resize(shape.features());
     alpha.resize(shape.heads);
-    lse.resize(shape.heads);
+    seen.resize(shape.heads);
   }
 
   void compute(const Shape& shape, const Inputs<Scalar>& in, Index b, Index i) {
@@ -207,34 +208,35 @@ struct Token {
         if (valid[j]) top = std::max(top, p_h[j - i + w] = c * dot(q, in.k.at(b, h, j), D));
       Scalar* __restrict local_h = local.data() + h * D;
       std::fill(local_h, local_h + D, Scalar(0));
-      if (top == -std::numeric_limits<Scalar>::infinity()) {
+      seen[h] = top != -std::numeric_limits<Scalar>::infinity();
+      double total = 0.0;
+      if (!seen[h]) {
         std::fill(p_h, p_h + span, Scalar(0));
-        lse[h] = top;
       } else {
         for (Index o = 0; o < span; ++o)
           p_h[o] = p_h[o] == -std::numeric_limits<Scalar>::infinity() ? Scalar(0) : fast_exp(p_h[o] - top);
-        double total = 0.0;
         for (Index o = 0; o < span; ++o) total += p_h[o];
         const Scalar inverse = static_cast<Scalar>(1.0 / total);
         for (Index j = lo; j < hi; ++j) {
           const Scalar weight = (p_h[j - i + w] *= inverse);
           if (weight != Scalar(0)) axpy(weight, in.v.at(b, h, j), local_h, D);
         }
-        lse[h] = static_cast<Scalar>(static_cast<double>(top) + std::log(total));
       }
-      alpha[h] = weight_of_window(shape, in, b, h, i);
+      alpha[h] = weight_of_window(shape, in, b, h, i, top, total);
     }
   }
 
-  // alpha_h of the header (lse[h] computed).
-  Scalar weight_of_window(const Shape& shape, const Inputs<Scalar>& in, Index b, Index h, Index i) const {
+  // alpha_h of the header, from the window's top score and sum_j exp(a_hj - top) (seen[h] set): for "shared",
+  // sigmoid(lse - log mix - log den) = total / (total + mix den exp(-top)), one exponential instead of three
+  // logarithms (exp(-top) overflowing to inf gives the limit 0).
+  Scalar weight_of_window(const Shape& shape, const Inputs<Scalar>& in, Index b, Index h, Index i, Scalar top,
+                          double total) const {
     if (!shape.shared) return in.mix[h];
     const Scalar den = in.den[(b * shape.heads + h) * shape.length + i];
     if (!(den > Scalar(0))) return Scalar(1);
-    if (lse[h] == -std::numeric_limits<Scalar>::infinity()) return Scalar(0);
-    const Scalar mix = std::max(in.mix[h], std::numeric_limits<Scalar>::min());
-    return sigmoid(static_cast<Scalar>(static_cast<double>(lse[h]) - std::log(static_cast<double>(mix)) -
-                                       std::log(static_cast<double>(den))));
+    if (!seen[h]) return Scalar(0);
+    const double mix = std::max(in.mix[h], std::numeric_limits<Scalar>::min());
+    return static_cast<Scalar>(total / (total + mix * static_cast<double>(den) * std::exp(-static_cast<double>(top))));
   }
 };
 
@@ -332,7 +334,7 @@ void backward_queries(const Shape& shape, const Inputs<Scalar>& in, Rows<const S
         dmix[h] += dalpha;
       } else {
         const Scalar den = in.den[at];
-        if (den > Scalar(0) && token.lse[h] != -std::numeric_limits<Scalar>::infinity()) {
+        if (den > Scalar(0) && token.seen[h]) {
           const Scalar e = dalpha * alpha * (Scalar(1) - alpha);
           dlse = e, dden = -e / den;
           if (in.mix[h] > std::numeric_limits<Scalar>::min()) dmix[h] -= e / in.mix[h];
