@@ -70,9 +70,16 @@ def _call(step: str, halo: int, scaling: float, tensors: tuple[Tensor, ...], row
         raise RuntimeError(f"the ReLA CPU kernel failed in its {step} (out of memory, or a stride beyond int32?)")
 
 
+def _token_major(q: Tensor) -> Tensor:
+    """An uninitialised tensor of q's (B, H, Tq, D) shape in (B, Tq, H, D) memory: what the layer reads next as
+    (B, Tq, H * D) tokens, without a copy."""
+    batch, heads, q_len, dim = q.shape
+    return q.new_empty(batch, q_len, heads, dim).transpose(1, 2)
+
+
 def rela_kernel(q: Tensor, k: Tensor, v: Tensor, valid: Tensor, halo: int, scaling: float) -> tuple[Tensor, Tensor]:
     """The forward kernel's call, outside autograd: see :func:`_forward`."""
-    out, total = q.new_empty(q.shape), q.new_empty(q.shape[:3])
+    out, total = _token_major(q), q.new_empty(q.shape[:3])
     if out.numel():
         _call("forward", halo, scaling, (q, k, v, valid, out, total), (q, k, v, out), k.shape[2])
     else:  # D = 0: every score is 0
@@ -83,14 +90,14 @@ def rela_kernel(q: Tensor, k: Tensor, v: Tensor, valid: Tensor, halo: int, scali
 @torch.library.custom_op("hf_sliced_attn::rela_cpu", mutates_args=(), device_types="cpu")
 def _forward(q: Tensor, k: Tensor, v: Tensor, valid: Tensor, halo: int, scaling: float) -> tuple[Tensor, Tensor]:
     """q (B, H, Tq, D), k, v (B, H, Tk, D) float32/64 laid out for :func:`_rows`, valid (B, Tk) bool
-    contiguous, halo = w - 1 (-1 without a window) -> out (B, H, Tq, D) and the total weights N (B, H, Tq),
-    contiguous, in q's dtype."""
+    contiguous, halo = w - 1 (-1 without a window) -> out (B, H, Tq, D) laid out as (B, Tq, H, D) and the total
+    weights N (B, H, Tq), contiguous, in q's dtype."""
     return rela_kernel(q, k, v, valid, halo, scaling)
 
 
 @_forward.register_fake
 def _(q: Tensor, k: Tensor, v: Tensor, valid: Tensor, halo: int, scaling: float) -> tuple[Tensor, Tensor]:
-    return q.new_empty(q.shape), q.new_empty(q.shape[:3])
+    return _token_major(q), q.new_empty(q.shape[:3])
 
 
 @torch.library.custom_op("hf_sliced_attn::rela_cpu_backward", mutates_args=(), device_types="cpu")
@@ -98,8 +105,8 @@ def _backward(
     grad_out: Tensor, grad_total: Tensor, q: Tensor, k: Tensor, v: Tensor, valid: Tensor, halo: int, scaling: float,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """grad_out (B, H, Tq, D) laid out for :func:`_rows` and grad_total (B, H, Tq) contiguous, in q's dtype, and
-    the forward's inputs -> dL/dq, dL/dk, dL/dv, contiguous."""
-    dq, dk, dv = q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+    the forward's inputs -> dL/dq, dL/dk, dL/dv in the layouts of q, k, v."""
+    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     if dq.numel() or dk.numel():
         tensors = (grad_out, grad_total, q, k, v, valid, dq, dk, dv)
         _call("backward", halo, scaling, tensors, (grad_out, q, k, v, dq, dk, dv), k.shape[2], 0)
@@ -118,7 +125,7 @@ def add_backward(grad_out: Tensor, grad_total: Tensor, q: Tensor, k: Tensor, v: 
 
 @_backward.register_fake
 def _(grad_out, grad_total, q, k, v, valid, halo, scaling) -> tuple[Tensor, Tensor, Tensor]:
-    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
 
 
 def _setup_context(ctx, inputs: tuple, output: tuple[Tensor, Tensor]) -> None:
