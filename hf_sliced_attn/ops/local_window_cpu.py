@@ -91,21 +91,14 @@ def _(q, k, v, valid, x, den, scale, gate, mix, halo, shared, norm, scaling, eps
     return _output(v, *q.shape)
 
 
-def _gradients(*inputs: Tensor) -> tuple[Tensor, ...]:
-    """Uninitialised gradients of the (B, H, T, D) q, k, v, x laid out as (B, T, H, D) and of den, scale, gate,
-    mix contiguous, whatever the inputs' layouts (a compiled graph needs the layouts the fake implementation
-    gives)."""
-    rows, rest = inputs[:4], inputs[4:]
-    return (*(_output(x, *x.shape) for x in rows), *(x.new_empty(x.shape) for x in rest))
-
-
 @torch.library.custom_op("hf_sliced_attn::local_window_cpu_backward", mutates_args=(), device_types="cpu")
 def _backward(grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, valid: Tensor, x: Tensor, den: Tensor,
               scale: Tensor, gate: Tensor, mix: Tensor, halo: int, shared: bool, norm: bool, scaling: float,
               eps: float) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
     """grad_out (B, H, T, D) with a contiguous last dim and the forward's inputs -> the gradients of q, k, v, x
-    (laid out as (B, T, H, D)), den, scale, gate and mix."""
-    grads = _gradients(q, k, v, x, den, scale, gate, mix)
+    (their layouts), den, scale, gate and mix."""
+    grads = (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), torch.empty_like(x),
+             torch.empty_like(den), torch.empty_like(scale), torch.empty_like(gate), torch.empty_like(mix))
     if q.numel():
         tensors = (grad_out, q, k, v, valid, x, den, scale, gate, mix, *grads)
         _call("backward", (halo, shared, norm, scaling, eps), tensors, (grad_out, q, k, v, x, *grads[:4]))
@@ -117,7 +110,8 @@ def _backward(grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, valid: Tensor, 
 
 @_backward.register_fake
 def _(grad_out, q, k, v, valid, x, den, scale, gate, mix, halo, shared, norm, scaling, eps):
-    return _gradients(q, k, v, x, den, scale, gate, mix)
+    return (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), torch.empty_like(x),
+            torch.empty_like(den), torch.empty_like(scale), torch.empty_like(gate), torch.empty_like(mix))
 
 
 def _setup_context(ctx, inputs: tuple, output: Tensor) -> None:
@@ -167,8 +161,8 @@ def _rela_backward(grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, valid: Ten
 
 @_rela_backward.register_fake
 def _(grad_out, q, k, v, valid, numerator, denominator, scale, gate, mix, halo, shared, scaling, eps):
-    dq, dk, dv, _, _, dscale, dgate, dmix = _gradients(q, k, v, numerator, denominator, scale, gate, mix)
-    return dq, dk, dv, dscale, dgate, dmix
+    return (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), torch.empty_like(scale),
+            torch.empty_like(gate), torch.empty_like(mix))
 
 
 def _rela_setup_context(ctx, inputs: tuple, output: tuple[Tensor, Tensor, Tensor]) -> None:

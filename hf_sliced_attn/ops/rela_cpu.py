@@ -27,7 +27,6 @@ from torch import Tensor
 
 from . import _native
 from ._common import compute_dtype
-from .sliced_relu_cpu import _output
 
 __all__ = ["available", "rela_cpu"]
 
@@ -71,11 +70,11 @@ def _call(step: str, halo: int, scaling: float, tensors: tuple[Tensor, ...], row
         raise RuntimeError(f"the ReLA CPU kernel failed in its {step} (out of memory, or a stride beyond int32?)")
 
 
-def _token_major(x: Tensor) -> Tensor:
-    """An uninitialised tensor of x's (B, H, T, D) shape in (B, T, H, D) memory, whatever x's layout (a compiled
-    graph needs the layout the fake implementation gives): what the layer reads next as (B, T, H * D) tokens, and
-    the layout of q, k, v from their projections, without a copy."""
-    return _output(x, *x.shape)
+def _token_major(q: Tensor) -> Tensor:
+    """An uninitialised tensor of q's (B, H, Tq, D) shape in (B, Tq, H, D) memory: what the layer reads next as
+    (B, Tq, H * D) tokens, without a copy."""
+    batch, heads, q_len, dim = q.shape
+    return q.new_empty(batch, q_len, heads, dim).transpose(1, 2)
 
 
 def rela_kernel(q: Tensor, k: Tensor, v: Tensor, valid: Tensor, halo: int, scaling: float) -> tuple[Tensor, Tensor]:
@@ -106,8 +105,8 @@ def _backward(
     grad_out: Tensor, grad_total: Tensor, q: Tensor, k: Tensor, v: Tensor, valid: Tensor, halo: int, scaling: float,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """grad_out (B, H, Tq, D) laid out for :func:`_rows` and grad_total (B, H, Tq) contiguous, in q's dtype, and
-    the forward's inputs -> dL/dq, dL/dk, dL/dv, each laid out as (B, T, H, D)."""
-    dq, dk, dv = _token_major(q), _token_major(k), _token_major(v)
+    the forward's inputs -> dL/dq, dL/dk, dL/dv in the layouts of q, k, v."""
+    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     if dq.numel() or dk.numel():
         tensors = (grad_out, grad_total, q, k, v, valid, dq, dk, dv)
         _call("backward", halo, scaling, tensors, (grad_out, q, k, v, dq, dk, dv), k.shape[2], 0)
@@ -126,7 +125,7 @@ def add_backward(grad_out: Tensor, grad_total: Tensor, q: Tensor, k: Tensor, v: 
 
 @_backward.register_fake
 def _(grad_out, grad_total, q, k, v, valid, halo, scaling) -> tuple[Tensor, Tensor, Tensor]:
-    return _token_major(q), _token_major(k), _token_major(v)
+    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
 
 
 def _setup_context(ctx, inputs: tuple, output: tuple[Tensor, Tensor]) -> None:

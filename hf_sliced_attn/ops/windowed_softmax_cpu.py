@@ -83,8 +83,8 @@ def _backward(
     halo: int, scaling: float,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """grad_out (B, H, T, D) with a contiguous last dim and grad_lse (B, H, T) contiguous, in q's dtype,
-    and the forward's inputs and outputs -> dL/dq, dL/dk, dL/dv, each laid out as (B, T, H, D)."""
-    dq, dk, dv = (_output(x, *x.shape) for x in (q, k, v))
+    and the forward's inputs and outputs -> dL/dq, dL/dk, dL/dv (the layouts of q, k, v)."""
+    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     tensors = (grad_out, grad_lse, q, k, v, valid, out, lse, dq, dk, dv)
     _call("backward", halo, scaling, tensors, (grad_out, q, k, v, out, dq, dk, dv))
     return dq, dk, dv
@@ -92,7 +92,7 @@ def _backward(
 
 @_backward.register_fake
 def _(grad_out, grad_lse, q, k, v, valid, out, lse, halo, scaling) -> tuple[Tensor, Tensor, Tensor]:
-    return tuple(_output(x, *x.shape) for x in (q, k, v))
+    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
 
 
 def _setup_context(ctx, inputs: tuple, output: tuple[Tensor, Tensor]) -> None:
