@@ -32,12 +32,12 @@ __all__ = ["MAX_WINDOW", "MAX_WINDOW_NORMED", "available", "local_window_cpu", "
 
 MAX_WINDOW = 4
 """The widest window (|i - j| <= w) the ops take this kernel for without the norm (the sliced kernel's window):
-forward+backward measured faster than the banded kernel and the elementwise combination up to w = 4 (0.76-0.83
-of their time at 32 x 128 x 12 heads x D 32 and 2 x 1024 x 12 x 64) and no faster from w = 8."""
+forward+backward measured faster than the banded kernel and the elementwise combination up to w = 4 (0.75-0.83
+of their time at 32 x 128 x 12 heads x D 32 and 2 x 1024 x 12 x 64, at 5669191) and no faster from w = 8."""
 
 MAX_WINDOW_NORMED = 16
 """The same with ReLA's norm, which the kernel fuses too (:func:`rela_local_window_cpu`): 0.65-0.8 of the
-composed ops' time up to w = 16 at 32 x 128 x 12 x 32, level with them at 2 x 1024 x 12 x 64, slower from w = 32."""
+composed ops' time up to w = 16 at 32 x 128 x 12 x 32, 0.93-1.0 at 2 x 1024 x 12 x 64, slower from w = 32."""
 
 # step -> number of tensor arguments (the strides array excluded).
 _STEPS = {"forward": 10, "backward": 18}
