@@ -155,7 +155,7 @@ def _rela_backward(grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, valid: Ten
     added into the window's dq, dk, dv -> the gradients of q, k, v, scale, gate and mix."""
     dq, dk, dv, dx, dden, dscale, dgate, dmix = _backward(grad_out, q, k, v, valid, numerator, denominator, scale,
                                                           gate, mix, halo, shared, True, scaling, eps)
-    rela_cpu.add_backward(dx, dden, q, k, v, valid, -1, scaling, dq, dk, dv)
+    rela_cpu.backward_into(dx, dden, q, k, v, valid, -1, scaling, dq, dk, dv, accumulate=True)
     return dq, dk, dv, dscale, dgate, dmix
 
 

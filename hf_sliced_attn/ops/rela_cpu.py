@@ -27,6 +27,7 @@ from torch import Tensor
 
 from . import _native
 from ._common import compute_dtype
+from .sliced_relu_cpu import _output
 
 __all__ = ["available", "rela_cpu"]
 
@@ -70,16 +71,10 @@ def _call(step: str, halo: int, scaling: float, tensors: tuple[Tensor, ...], row
         raise RuntimeError(f"the ReLA CPU kernel failed in its {step} (out of memory, or a stride beyond int32?)")
 
 
-def _token_major(q: Tensor) -> Tensor:
-    """An uninitialised tensor of q's (B, H, Tq, D) shape in (B, Tq, H, D) memory: what the layer reads next as
-    (B, Tq, H * D) tokens, without a copy."""
-    batch, heads, q_len, dim = q.shape
-    return q.new_empty(batch, q_len, heads, dim).transpose(1, 2)
-
-
 def rela_kernel(q: Tensor, k: Tensor, v: Tensor, valid: Tensor, halo: int, scaling: float) -> tuple[Tensor, Tensor]:
     """The forward kernel's call, outside autograd: see :func:`_forward`."""
-    out, total = _token_major(q), q.new_empty(q.shape[:3])
+    # The output in (B, Tq, H, D) memory: what the layer reads next as (B, Tq, H * D) tokens, without a copy.
+    out, total = _output(q, *q.shape), q.new_empty(q.shape[:3])
     if out.numel():
         _call("forward", halo, scaling, (q, k, v, valid, out, total), (q, k, v, out), k.shape[2])
     else:  # D = 0: every score is 0
@@ -97,7 +92,7 @@ def _forward(q: Tensor, k: Tensor, v: Tensor, valid: Tensor, halo: int, scaling:
 
 @_forward.register_fake
 def _(q: Tensor, k: Tensor, v: Tensor, valid: Tensor, halo: int, scaling: float) -> tuple[Tensor, Tensor]:
-    return _token_major(q), q.new_empty(q.shape[:3])
+    return _output(q, *q.shape), q.new_empty(q.shape[:3])
 
 
 @torch.library.custom_op("hf_sliced_attn::rela_cpu_backward", mutates_args=(), device_types="cpu")
@@ -107,20 +102,18 @@ def _backward(
     """grad_out (B, H, Tq, D) laid out for :func:`_rows` and grad_total (B, H, Tq) contiguous, in q's dtype, and
     the forward's inputs -> dL/dq, dL/dk, dL/dv in the layouts of q, k, v."""
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-    if dq.numel() or dk.numel():
-        tensors = (grad_out, grad_total, q, k, v, valid, dq, dk, dv)
-        _call("backward", halo, scaling, tensors, (grad_out, q, k, v, dq, dk, dv), k.shape[2], 0)
+    backward_into(grad_out, grad_total, q, k, v, valid, halo, scaling, dq, dk, dv, accumulate=False)
     return dq, dk, dv
 
 
-def add_backward(grad_out: Tensor, grad_total: Tensor, q: Tensor, k: Tensor, v: Tensor, valid: Tensor, halo: int,
-                 scaling: float, dq: Tensor, dk: Tensor, dv: Tensor) -> None:
-    """The backward of :func:`_backward`'s arguments, its dL/dq, dL/dk, dL/dv added in place to ``dq``, ``dk``,
-    ``dv`` (laid out for :func:`_rows`): for an op that sums ReLA's gradients with another attention's, without a
-    second buffer and a sum."""
+def backward_into(grad_out: Tensor, grad_total: Tensor, q: Tensor, k: Tensor, v: Tensor, valid: Tensor, halo: int,
+                  scaling: float, dq: Tensor, dk: Tensor, dv: Tensor, *, accumulate: bool) -> None:
+    """The backward of :func:`_backward`'s arguments into ``dq``, ``dk``, ``dv`` (laid out for :func:`_rows`):
+    written, or with ``accumulate`` added to what they hold (an op that sums ReLA's gradients with another
+    attention's, without a second buffer and a sum)."""
     if dq.numel() or dk.numel():
         tensors = (grad_out, grad_total, q, k, v, valid, dq, dk, dv)
-        _call("backward", halo, scaling, tensors, (grad_out, q, k, v, dq, dk, dv), k.shape[2], 1)
+        _call("backward", halo, scaling, tensors, (grad_out, q, k, v, dq, dk, dv), k.shape[2], int(accumulate))
 
 
 @_backward.register_fake
