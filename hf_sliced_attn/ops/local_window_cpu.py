@@ -12,8 +12,10 @@ O(T H w D), direct loops over each query's 2 w + 1 keys: for the few keys of a s
 :data:`MAX_WINDOW_NORMED`); wider windows go through :func:`.banded.windowed_softmax`, whose kernel blocks its
 keys, and the combination's elementwise ops.
 
-The ops are ``torch.library`` custom ops (``hf_sliced_attn::local_window_cpu`` and its backward) with fake
-implementations, so ``torch.compile(fullgraph=True)`` keeps them whole.
+The ops are ``torch.library`` custom ops (``hf_sliced_attn::local_window_cpu``, and
+``hf_sliced_attn::rela_local_window_cpu``, which runs ReLA's kernel first and whose backward adds ReLA's gradients
+into the window's; each with its backward) with fake implementations, so ``torch.compile(fullgraph=True)`` keeps
+them whole.
 """
 
 from __future__ import annotations
