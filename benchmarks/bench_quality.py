@@ -32,9 +32,10 @@ default 0,1,2) as a subprocess ``python recipes/glue.py ...``:
 =====================  ============================================================================
 
 and, for issue #24's verdicts with every layer converted (the default flow otherwise):
-``sliced_relu_all_layers`` (``--attn_implementation sliced_relu --keep_softmax_layers 0 --local_window 4``,
-the window and its default shared normaliser chosen on validation; the flags are sliced_relu's defaults now,
-spelled out so that the flow stays what it measured) and ``rela_all_layers``
+``sliced_relu_all_layers`` (``--attn_implementation sliced_relu --keep_softmax_layers 0 --local_window 4
+--projection mlp --num_slices 4``, the window and its default shared normaliser chosen on validation; the
+recipe's default until the default took one linear slice, spelled out so that the flow stays what it measured;
+the default flow ``sliced_relu`` runs the recipe's default) and ``rela_all_layers``
 (``--attn_implementation rela --keep_softmax_layers 0 --local_window 0``: ReLA alone on every layer, as measured
 before rela's default gained the window).
 
@@ -132,7 +133,7 @@ FLOWS = {
     "rela_hybrid": ["--attn_implementation", "rela", "--keep_softmax_layers", "2", "--local_window", "0"],
     "sliced_relu_bump": ["--attn_implementation", "sliced_relu", "--kernel", "bump"],
     "sliced_relu_all_layers": ["--attn_implementation", "sliced_relu", "--keep_softmax_layers", "0",
-                               "--local_window", "4"],
+                               "--local_window", "4", "--projection", "mlp", "--num_slices", "4"],
     "rela_all_layers": ["--attn_implementation", "rela", "--keep_softmax_layers", "0", "--local_window", "0"],
 }
 PARITY_BARS = {"sliced_relu": 0.99, "rela": 0.995, "sliced_relu_all_layers": 0.99, "rela_all_layers": 0.995}

@@ -23,14 +23,14 @@ user starts fine-tuning. Contenders:
 * ``sliced_relu_converted``: ``prepare_config(config, "sliced_relu", num_slices=4, projection="mlp",
   affine_output=True)``, the options ``hf-sliced-attn convert`` and the recipe's transfer build;
 * ``sliced_relu_converted_window4``: the same with ``local_window=4`` (the shared normaliser), every layer
-  converted as the quality benchmark's ``sliced_relu_all_layers`` flow converts it: the recipe's default since
-  issue #24;
+  converted as the quality benchmark's ``sliced_relu_all_layers`` flow converts it: the recipe's default from issue
+  #24 until one linear slice replaced the MLP;
 * ``sliced_relu_hybrid``: the recipe's former default, ``sliced_relu_converted`` on layers 0, 3, 4 and 5 with
   layers 1 and 2 kept on softmax (SDPA, the config's dropout), the layers its ranking kept on every seed of the
   quality benchmark;
 * ``sliced_relu_window4_linear1`` and ``sliced_relu_window4_linear4``: every layer with one or four linear slices,
   the affine output and the same window of 4: the cheaper converted layers measured against it on the quality
-  benchmark (issue #24);
+  benchmark (issue #24); one linear slice is the recipe's default now;
 * ``rela``: ``prepare_config(config, "rela")``;
 * ``rela_window4``: the same with ``local_window=4`` (the shared normaliser, after ReLA's norm), every layer
   converted: the recipe's rela default since issue #24;
@@ -153,7 +153,7 @@ BARS = [
     ("sliced_relu_converted", (8, 512), 1.7),
     ("sliced_relu", (32, 128), 1.3),
     ("sliced_relu", (8, 512), 2.0),
-    ("sliced_relu_converted_window4", (32, 128), 1.0),
+    ("sliced_relu_window4_linear1", (32, 128), 1.0),
     ("rela_window4", (32, 128), 1.0),
 ]
 """(contender, (B, T), minimum speed-up over ``sdpa_fused``): issue #26, and issue #24 for the recipe's defaults

@@ -435,7 +435,7 @@ def test_help_shows_the_options_the_transfer_before_fine_tuning_uses(capsys):
     shown = {flag: re.search(rf" {flag} [A-Z_]+ .*?\(default: ([^)]*)\)", text) for flag in ("--local_window",
                                                                                            "--num_slices")}
     assert {flag: match and match.group(1) for flag, match in shown.items()} == {
-        "--local_window": "4", "--num_slices": "4"}
+        "--local_window": "4", "--num_slices": "1"}
 
 
 @pytest.fixture(scope="module")
@@ -520,6 +520,7 @@ def test_sliced_relu_by_default_converts_every_layer_with_its_window(tiny, tmp_p
     assert "softmax_layers" not in results["attention_transfer"]
     saved = json.loads((out / "config.json").read_text())[hf_sliced_attn.CONFIG_KEY]
     assert (saved["layers"], saved["local_window"], saved["window_combine"]) == ("global", 4, "shared")
+    assert (saved["projection"], saved["num_slices"], saved["affine_output"]) == ("linear", 1, True)
 
 
 def test_a_hybrid_run_saves_and_reloads_its_layers(tiny, tmp_path):
