@@ -7,7 +7,8 @@ from .config import SlicedReluConfig
 from .modules import SlicedBandwidth, SlicedMLPProjection, SlicedOutputAffine, SlicedProjection
 
 TRANSFER_OPTIONS = {"projection": "mlp", "affine_output": True, "num_slices": 4}
-"""The options every transfer from a softmax checkpoint uses unless told otherwise."""
+"""The options of every transfer from a softmax checkpoint unless told otherwise; the recipe's (``finetune``) takes
+one linear slice instead of the MLP's four (``conversion_defaults`` below)."""
 
 SLICED_RELU = Mechanism(
     config_class=SlicedReluConfig,
