@@ -127,14 +127,16 @@ def test_matches_the_torch_implementation(case, monkeypatch):
 
 @pytest.mark.parametrize("window", [None, 100])
 def test_padded_tiles_and_poisoned_keys_give_exact_zeros(window):
-    """A whole key tile padded (skipped, with valid keys after it), scattered padding, a window: padded keys
-    and the keys outside a query's window may hold anything finite, and change nothing; their gradients are
-    exactly 0, and a sequence without valid keys gets 0 and zero gradients."""
+    """A whole key tile padded (skipped, with valid keys after it), scattered padding, padding on both ends of a
+    sequence (the keys the kernel trims off), a window: padded keys and the keys outside a query's window may hold
+    anything finite, and change nothing; their gradients are exactly 0, and a sequence without valid keys gets 0 and
+    zero gradients."""
     batch, heads, length, dim = 3, 2, 2 * TILE + 40, 8
     gen = torch.Generator().manual_seed(4)
     query, key, value = (torch.randn(batch, heads, length, dim, generator=gen) for _ in range(3))
     mask = key_padding(batch, length, 0.2, generator=gen, padded_last_row=True)
     mask[0, TILE:2 * TILE] = False
+    mask[1, :TILE + 3] = mask[1, -70:] = False
     tensors = {"query": query, "key": key, "value": value, "key_padding_mask": mask}
     out, grads = op_output_and_input_grads(rela, tensors, differentiable=QKV, sliding_window=window)
     assert (out[-1] == 0).all() and (grads["query"][-1] == 0).all()

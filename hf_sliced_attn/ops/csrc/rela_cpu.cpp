@@ -21,7 +21,8 @@
 // does not load, and _native.py warns and the torch implementation runs), reading the tensors in
 // place through their token strides; the ReLU, the mask and dS are one pass over the tile. Key tiles
 // that the window or the padding masks entirely are skipped (exact: their weights are 0), and a
-// query tile's key tiles start at the first key its window reaches.
+// query tile's keys run from the first key its window reaches that is valid to the last such key (a
+// sequence padded on its end costs its real length).
 //
 // Threads: the forward shares (group, query tile) pairs out to torch's intra-op threads, the backward
 // groups (its dK and dV sum over a group's query tiles), each thread taking the next when it is
@@ -104,12 +105,16 @@ void gemm(bool trans_a, bool trans_b, Index m, Index n, Index k, Scalar alpha, c
   blas(trans_b ? "T" : "N", trans_a ? "T" : "N", &nn, &mm, &kk, &alpha, b, &lb, a, &la, &beta, c, &lc);
 }
 
-// The keys a query tile [i0, i1) reaches: [lo, hi) within [0, Tk).
+// The keys a query tile [i0, i1) reaches: [lo, hi) within [0, Tk), trimmed to the span from the first to the last
+// valid key (padding at either end costs nothing; hi <= lo when no key is valid).
 struct KeyRange {
   Index lo, hi;
-  KeyRange(const Shape& s, Index i0, Index i1)
+  KeyRange(const Shape& s, Index i0, Index i1, const std::uint8_t* valid)
       : lo(s.halo < 0 ? 0 : std::max<Index>(0, i0 - s.halo)),
-        hi(s.halo < 0 ? s.k_len : std::min(s.k_len, i1 + s.halo)) {}
+        hi(s.halo < 0 ? s.k_len : std::min(s.k_len, i1 + s.halo)) {
+    while (lo < hi && !valid[lo]) ++lo;
+    while (hi > lo && !valid[hi - 1]) --hi;
+  }
 };
 
 // One (query tile, key tile) pair: weights[r * cols + c] = M ⊙ ReLU(weights) for query i0 + r and
@@ -179,7 +184,7 @@ void forward_tile(const Shape& s, Index g, Index tile, Scalar scaling, const Sca
   thread_local Workspace<Scalar> ws;
   ws.reset(false);
   Scalar* scores = ws.scores.data();
-  const KeyRange keys(s, i0, i0 + rows);
+  const KeyRange keys(s, i0, i0 + rows, valid_row);
   bool written = false;
   for (Index j0 = keys.lo; j0 < keys.hi; j0 += kKeyTile) {
     const Index cols = std::min(kKeyTile, keys.hi - j0);
@@ -216,7 +221,7 @@ void backward_group(const Shape& s, Index g, Scalar scaling, bool accumulate, co
   Scalar *weights = ws.scores.data(), *grad = ws.grad.data();
   for (Index i0 = 0; i0 < s.q_len; i0 += kQueryTile) {
     const Index rows = std::min(kQueryTile, s.q_len - i0);
-    const KeyRange keys(s, i0, i0 + rows);
+    const KeyRange keys(s, i0, i0 + rows, valid_row);
     bool written = accumulate;
     for (Index j0 = keys.lo; j0 < keys.hi; j0 += kKeyTile) {
       const Index cols = std::min(kKeyTile, keys.hi - j0);
