@@ -56,8 +56,9 @@ mass, the output is the checkpoint's own softmax output, not rescaled per token 
 made the window inexact and stalled the transfer). ReLA is quadratic already: the window adds O(T * w * D)
 to its O(T^2 * D). On CPU, for a window of at most :data:`.local_window_cpu.MAX_WINDOW_NORMED` keys each side,
 ReLA's kernel, the norm, the window and the combination are one autograd node
-(:func:`.local_window_cpu.rela_local_window_cpu`): no elementwise pass over (B, H, T, D) tensors, and one set of
-q, k, v gradients.
+(:func:`.local_window_cpu.rela_local_window_cpu`): ReLA's kernel computes the window beside its own scores and, in
+its backward, adds the window's score gradients into its own, so one pass gives both attentions' q, k, v
+gradients; the norm and the combination are one pass over the tokens.
 """
 
 from __future__ import annotations

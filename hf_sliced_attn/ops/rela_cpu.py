@@ -11,6 +11,10 @@ The kernel goes over (query tile, key tile) pairs of 256 x 256 scores that stay 
 cache, each product one BLAS call (torch's own MKL ``sgemm_``/``dgemm_``), skipping the tiles the
 window or the padding masks entirely; nothing pair-sized outlives a tile (see the source's header).
 
+With a softmax window beside it (:func:`rela_window_kernel`, what :func:`.local_window_cpu.rela_local_window_cpu`
+runs), the same pass gives each query's softmax over the keys with |i - j| <= band, and the backward adds that
+window's score gradients into ReLA's before the products that make dQ and dK (see the source's header).
+
 The ops are ``torch.library`` custom ops (``hf_sliced_attn::rela_cpu`` and its backward) with fake
 implementations, so ``torch.compile(fullgraph=True)`` keeps them whole. :func:`.rela.rela` picks
 this path for CPU tensors when the kernel builds (:func:`available`); its torch implementation
@@ -32,7 +36,7 @@ from .sliced_relu_cpu import _output
 __all__ = ["available", "rela_cpu"]
 
 # step -> number of tensor arguments (the strides array excluded).
-_STEPS = {"forward": 6, "backward": 9}
+_STEPS = {"forward": 9, "backward": 12}
 
 
 @torch.compiler.assume_constant_result
@@ -44,9 +48,8 @@ def available() -> bool:
 @functools.cache
 def _kernels() -> dict[str, ctypes._CFuncPtr] | None:
     """The entry points with their argument types, keyed by ``<step>_<dtype>``; None without the library."""
-    # (B, H, Tq, Tk, D), the halo, the scaling; the backward's accumulate flag.
-    return _native.entry_points("rela_cpu", "rela", [ctypes.c_int64] * 6 + [ctypes.c_double], _STEPS,
-                                {"backward": [ctypes.c_int64]})
+    # (B, H, Tq, Tk, D), the halo, the softmax window's halo, the scaling.
+    return _native.entry_points("rela_cpu", "rela", [ctypes.c_int64] * 7 + [ctypes.c_double], _STEPS)
 
 
 def _rows(x: Tensor) -> Tensor:
@@ -55,17 +58,16 @@ def _rows(x: Tensor) -> Tensor:
     return x if x.stride(-1) == 1 and x.stride(-2) >= x.shape[-1] else x.contiguous()
 
 
-def _call(step: str, halo: int, scaling: float, tensors: tuple[Tensor, ...], rows: tuple[Tensor, ...],
-          k_len: int, *options: int) -> None:
-    """Run ``step`` (with its own ``options``) for the dtype of the (B, H, T, D) ``rows`` (passed with their
-    (batch, head, token) strides)."""
+def _call(step: str, halo: int, band: int, scaling: float, tensors: tuple[Tensor | None, ...],
+          rows: tuple[Tensor, ...], k_len: int) -> None:
+    """Run ``step`` for the dtype of the (B, H, T, D) ``rows`` (passed with their (batch, head, token) strides);
+    None among ``tensors`` is a null pointer (the window's tensors, without a window)."""
     batch, heads, q_len, dim = rows[0].shape
     suffix = {torch.float32: "f32", torch.float64: "f64"}[rows[0].dtype]
     strides = [stride for x in rows for stride in x.stride()[:3]]
-    pointers = [ctypes.c_void_p(x.data_ptr()) for x in tensors]
+    pointers = [ctypes.c_void_p(None if x is None else x.data_ptr()) for x in tensors]
     status = _kernels()[f"{step}_{suffix}"](
-        batch, heads, q_len, k_len, dim, halo, scaling, *options, *pointers,
-        (ctypes.c_int64 * len(strides))(*strides),
+        batch, heads, q_len, k_len, dim, halo, band, scaling, *pointers, (ctypes.c_int64 * len(strides))(*strides),
     )
     if status:
         raise RuntimeError(f"the ReLA CPU kernel failed in its {step} (out of memory, or a stride beyond int32?)")
@@ -76,10 +78,26 @@ def rela_kernel(q: Tensor, k: Tensor, v: Tensor, valid: Tensor, halo: int, scali
     # The output in (B, Tq, H, D) memory: what the layer reads next as (B, Tq, H * D) tokens, without a copy.
     out, total = _output(q, *q.shape), q.new_empty(q.shape[:3])
     if out.numel():
-        _call("forward", halo, scaling, (q, k, v, valid, out, total), (q, k, v, out), k.shape[2])
+        _call("forward", halo, -1, scaling, (q, k, v, valid, out, total, None, None, None), (q, k, v, out, out),
+              k.shape[2])
     else:  # D = 0: every score is 0
         total.zero_()
     return out, total
+
+
+def rela_window_kernel(q: Tensor, k: Tensor, v: Tensor, valid: Tensor, band: int,
+                       scaling: float) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """ReLA without a sliding window and a softmax window over the keys with |i - j| <= ``band`` (self-attention,
+    D > 0), outside autograd: q, k, v (B, H, T, D) laid out for :func:`_rows`, valid (B, T) bool contiguous ->
+    ReLA's output and total weights (as :func:`_forward`), the window's output local (B, H, T, D) laid out as
+    (B, T, H, D), its log-normaliser lse (B, H, T) (-inf without a valid key) and weights p (B, H, T, 2 band + 1)
+    (p[..., i, j - i + band]), contiguous."""
+    batch, heads, length, _ = q.shape
+    out, total, local = _output(q, *q.shape), q.new_empty(q.shape[:3]), _output(q, *q.shape)
+    lse, weights = q.new_empty(q.shape[:3]), q.new_empty(batch, heads, length, 2 * band + 1)
+    _call("forward", -1, band, scaling, (q, k, v, valid, out, total, local, lse, weights), (q, k, v, out, local),
+          length)
+    return out, total, local, lse, weights
 
 
 @torch.library.custom_op("hf_sliced_attn::rela_cpu", mutates_args=(), device_types="cpu")
@@ -101,19 +119,25 @@ def _backward(
 ) -> tuple[Tensor, Tensor, Tensor]:
     """grad_out (B, H, Tq, D) laid out for :func:`_rows` and grad_total (B, H, Tq) contiguous, in q's dtype, and
     the forward's inputs -> dL/dq, dL/dk, dL/dv in the layouts of q, k, v."""
+    if not (q.numel() or k.numel()):
+        return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-    backward_into(grad_out, grad_total, q, k, v, valid, halo, scaling, dq, dk, dv, accumulate=False)
+    tensors = (grad_out, grad_total, q, k, v, valid, dq, dk, dv, None, None, None)
+    _call("backward", halo, -1, scaling, tensors, (grad_out, q, k, v, dq, dk, dv, dq), k.shape[2])
     return dq, dk, dv
 
 
-def backward_into(grad_out: Tensor, grad_total: Tensor, q: Tensor, k: Tensor, v: Tensor, valid: Tensor, halo: int,
-                  scaling: float, dq: Tensor, dk: Tensor, dv: Tensor, *, accumulate: bool) -> None:
-    """The backward of :func:`_backward`'s arguments into ``dq``, ``dk``, ``dv`` (laid out for :func:`_rows`):
-    written, or with ``accumulate`` added to what they hold (an op that sums ReLA's gradients with another
-    attention's, without a second buffer and a sum)."""
-    if dq.numel() or dk.numel():
-        tensors = (grad_out, grad_total, q, k, v, valid, dq, dk, dv)
-        _call("backward", halo, scaling, tensors, (grad_out, q, k, v, dq, dk, dv), k.shape[2], int(accumulate))
+def rela_window_backward(grad_out: Tensor, grad_total: Tensor, grad_local: Tensor, shift: Tensor, q: Tensor, k: Tensor,
+                         v: Tensor, valid: Tensor, weights: Tensor, scaling: float) -> tuple[Tensor, Tensor, Tensor]:
+    """The backward of :func:`rela_window_kernel`, outside autograd: the gradients of ReLA's output and total
+    weights (grad_out laid out for :func:`_rows`), of the window's output (grad_local, the same) and shift = dlse -
+    grad_local . local (B, H, T) contiguous, with the forward's inputs and weights -> dq, dk, dv in the layouts of
+    q, k, v: both attentions' gradients, from one pass."""
+    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    band = (weights.shape[-1] - 1) // 2
+    tensors = (grad_out, grad_total, q, k, v, valid, dq, dk, dv, grad_local, shift, weights)
+    _call("backward", -1, band, scaling, tensors, (grad_out, q, k, v, dq, dk, dv, grad_local), k.shape[2])
+    return dq, dk, dv
 
 
 @_backward.register_fake

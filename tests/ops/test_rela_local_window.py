@@ -51,6 +51,7 @@ CASES = [
     pytest.param(3, 2, 64, 6, 15, id="w15-T64"),
     pytest.param(2, 3, 40, 32, 4, id="w4-D32"),  # the kernel's compiled-in head dims
     pytest.param(1, 2, 33, 64, 16, id="w16-D64"),
+    pytest.param(2, 2, 300, 8, 4, id="w4-T300"),  # ReLA's kernel's tiles of 256 keys: windows across a tile's edge
 ]
 
 

@@ -1,5 +1,7 @@
-// A small local softmax window combined with a global term, optionally after ReLA's gated RMSNorm, on CPU:
-// one pass over the tokens, each token's heads together, in O(T H w D) time and no pair-sized tensor.
+// A small local softmax window combined with a global term on CPU, one pass over the tokens, each token's heads
+// together, in O(T H w D) time and no pair-sized tensor. Two uses: the window computed here and combined with
+// the sliced kernel's term (no norm); or the window given, as ReLA's kernel computes it beside its own scores
+// (rela_cpu.cpp), combined with ReLA's term after its gated RMSNorm (the combination's entry points).
 //
 // For token i of batch b, heads h with queries q_h, keys k_hj and values v_hj (D each), the global term's
 // rows x_h (D; all heads' F = H D features together x) and its normaliser den_h, the halo w, the scaling c:
@@ -26,6 +28,9 @@
 //     window:   dS_hj = p_hj (dlocal_h . v_hj - dlocal_h . local_h + dlse_h),
 //               dq_h = c sum_j dS_hj k_hj,   dk_hj += c dS_hj q_h,   dv_hj += p_hj dlocal_h.
 //
+// A given window's backward stops before its last line: it gives dlocal_h and shift_h = dlse_h - dlocal_h .
+// local_h, from which ReLA's backward adds the window's dS into its own (rela_cpu.cpp).
+//
 // Everything of a token is recomputed in the backward from the inputs (a window of a few keys costs less
 // to recompute than to store). The backward's first pass goes over the queries and keeps, per (group,
 // query, offset j - i + w), the coefficients dS and alpha p; its second pass goes over the keys and gathers
@@ -33,16 +38,17 @@
 // gradients (scale, gate, mix) are summed per chunk of tokens, then over the chunks in a fixed order: the
 // result does not depend on the number of threads.
 //
-// Layouts: q, k, v, x, out and their gradients (B, H, T, D) with any (batch, head, token) element strides and
-// a contiguous last dim; valid (B, T) uint8; den and its gradient (B, H, T) contiguous; scale, gate (F) and
-// mix (H) contiguous. float and double are computed in their own precision (float's exponentials by fast_exp.h);
-// the sums of a row (mean square, softmax normaliser) in double, the parameters' gradients in Scalar over 32
-// tokens, then in double. Head dims 32 and 64 are compiled for their size, others for any size. Entry points
-// return 0, or 1 after an exception.
+// Layouts: q, k, v, x, out, the given window's output and their gradients (B, H, T, D) with any (batch, head,
+// token) element strides and a contiguous last dim; valid (B, T) uint8; den, lse, shift and dden (B, H, T)
+// contiguous; scale, gate (F) and mix (H) contiguous. float and double are computed in their own precision
+// (float's exponentials by fast_exp.h); the sums of a row (mean square, softmax normaliser) in double, the
+// parameters' gradients in Scalar over 32 tokens, then in double. Head dims 32 and 64 are compiled for their
+// size, others for any size. Entry points return 0, or 1 after an exception.
 
 #include <ATen/Parallel.h>
 
 #include "fast_exp.h"
+#include "window_row.h"
 
 #include <algorithm>
 #include <cmath>
@@ -54,10 +60,13 @@
 namespace {
 
 using Index = std::int64_t;
+using window_row::axpy;
+using window_row::dot;
 
+// given: the window's output and log-normaliser come in (the combination's entry points), not computed.
 struct Shape {
   Index batch, heads, length, dim, halo;
-  bool shared, norm;
+  bool shared, norm, given;
   Index features() const { return heads * dim; }
   Index span() const { return 2 * halo + 1; }
   Index tokens() const { return batch * length; }
@@ -75,58 +84,6 @@ struct Rows {
 template <Index kDim>
 inline Index head_dim(const Shape& shape) {
   return kDim > 0 ? kDim : shape.dim;
-}
-
-// Vectors of 16 Scalars and their halves and quarters (GCC/Clang vector extensions; spelled per type, as GCC drops
-// vector_size from an alias of a dependent type).
-template <typename Scalar>
-struct Lanes;
-template <>
-struct Lanes<float> {
-  typedef float full __attribute__((vector_size(64)));
-  typedef float half __attribute__((vector_size(32)));
-  typedef float quarter __attribute__((vector_size(16)));
-};
-template <>
-struct Lanes<double> {
-  typedef double full __attribute__((vector_size(128)));
-  typedef double half __attribute__((vector_size(64)));
-  typedef double quarter __attribute__((vector_size(32)));
-};
-
-// The two halves of a vector, added.
-template <typename Whole, typename Part>
-inline Part fold(const Whole& whole) {
-  Part low, high;
-  std::memcpy(&low, &whole, sizeof low);
-  std::memcpy(&high, reinterpret_cast<const char*>(&whole) + sizeof low, sizeof high);
-  return low + high;
-}
-
-// sum_d a[d] b[d]: 16 lanes of products, then folded in registers (a scalar loop over the lanes would go
-// through memory, once per key).
-template <typename Scalar>
-inline __attribute__((always_inline)) Scalar dot(const Scalar* __restrict a, const Scalar* __restrict b, Index n) {
-  using L = Lanes<Scalar>;
-  typename L::full sum = {};
-  Index d = 0;
-  for (; d + 16 <= n; d += 16) {
-    typename L::full x, y;
-    std::memcpy(&x, a + d, sizeof x);
-    std::memcpy(&y, b + d, sizeof y);
-    sum += x * y;
-  }
-  const typename L::quarter four = fold<typename L::half, typename L::quarter>(fold<typename L::full,
-                                                                                     typename L::half>(sum));
-  Scalar total = (four[0] + four[2]) + (four[1] + four[3]);
-  for (; d < n; ++d) total += a[d] * b[d];
-  return total;
-}
-
-// y += a x over n entries.
-template <typename Scalar>
-inline __attribute__((always_inline)) void axpy(Scalar a, const Scalar* __restrict x, Scalar* __restrict y, Index n) {
-  for (Index d = 0; d < n; ++d) y[d] += a * x[d];
 }
 
 template <typename Scalar>
@@ -149,20 +106,23 @@ inline void norm_backward_rows(const Scalar* __restrict x, const Scalar* __restr
   }
 }
 
-// The inputs of one call.
+// The inputs of one call. With the window given (the combination's entry points), local and lse hold each (b, h, i)'s
+// window output and log-normaliser, and q, k, v are not read.
 template <typename Scalar>
 struct Inputs {
-  Rows<const Scalar> q, k, v, x;
+  Rows<const Scalar> q, k, v, x, local;
   const std::uint8_t* valid;
-  const Scalar *den, *scale, *gate, *mix;
+  const Scalar *den, *scale, *gate, *mix, *lse;
   double scaling, eps;
 };
 
 // One token's forward quantities, recomputed by the backward: per head the window's weights p (span entries,
-// 0 outside W(i)), local, alpha and whether any key was seen; the norm's r and, per feature, its sigmoid s and y.
+// 0 outside W(i); computed windows only), its output (local_of[h]: a row of `local`, or of the given window),
+// alpha and whether any key was seen; the norm's r and, per feature, its sigmoid s and y.
 template <typename Scalar, Index kDim>
 struct Token {
   std::vector<Scalar> p, local, y, s, alpha;
+  std::vector<const Scalar*> local_of;
   std::vector<std::uint8_t> seen;
   double r = 1.0;
 
@@ -172,13 +132,36 @@ struct Token {
     y.resize(shape.features());
     s.resize(shape.features());
     alpha.resize(shape.heads);
+    local_of.resize(shape.heads);
     seen.resize(shape.heads);
   }
 
+  // The window's softmax computed from q, k, v (given = false) or read from in.local, in.lse (given = true).
   void compute(const Shape& shape, const Inputs<Scalar>& in, Index b, Index i) {
-    const Index D = head_dim<kDim>(shape), H = shape.heads, F = H * D, w = shape.halo, span = shape.span();
+    normalise(shape, in, b, i);
+    const Index D = head_dim<kDim>(shape), w = shape.halo, span = shape.span();
     const Index lo = std::max<Index>(0, i - w), hi = std::min(shape.length, i + w + 1);
-    const std::uint8_t* valid = in.valid + b * shape.length;
+    const Scalar c = static_cast<Scalar>(in.scaling);
+    for (Index h = 0; h < shape.heads; ++h) {
+      Scalar lse;
+      if (shape.given) {
+        local_of[h] = in.local.at(b, h, i);
+        lse = in.lse[(b * shape.heads + h) * shape.length + i];
+      } else {
+        Scalar* local_h = local.data() + h * D;
+        lse = window_row::softmax(in.q.at(b, h, i), [&](Index j) { return in.k.at(b, h, j); },
+                                  [&](Index j) { return in.v.at(b, h, j); }, in.valid + b * shape.length, i, lo, hi,
+                                  w, c, D, p.data() + h * span, local_h);
+        local_of[h] = local_h;
+      }
+      seen[h] = lse != -std::numeric_limits<Scalar>::infinity();
+      alpha[h] = weight_of_window(shape, in, b, h, i, lse);
+    }
+  }
+
+  // y: the norm of the token's global rows x, or x itself.
+  void normalise(const Shape& shape, const Inputs<Scalar>& in, Index b, Index i) {
+    const Index D = head_dim<kDim>(shape), H = shape.heads, F = H * D;
     if (shape.norm) {
       double square = 0.0;
       for (Index h = 0; h < H; ++h) {
@@ -187,7 +170,7 @@ struct Token {
       }
       r = 1.0 / std::sqrt(square / static_cast<double>(F) + in.eps);
     }
-    const Scalar c = static_cast<Scalar>(in.scaling), rr = static_cast<Scalar>(r);
+    const Scalar rr = static_cast<Scalar>(r);
     for (Index h = 0; h < H; ++h) {
       const Scalar* __restrict x = in.x.at(b, h, i);
       Scalar *__restrict y_h = y.data() + h * D, *__restrict s_h = s.data() + h * D;
@@ -198,45 +181,19 @@ struct Token {
       } else {
         std::copy(x, x + D, y_h);
       }
-      // The window's softmax: the scores over the span (-inf where no valid key), then their exponentials
-      // in one loop that vectorises.
-      Scalar* __restrict p_h = p.data() + h * span;
-      std::fill(p_h, p_h + span, -std::numeric_limits<Scalar>::infinity());
-      const Scalar* __restrict q = in.q.at(b, h, i);
-      Scalar top = -std::numeric_limits<Scalar>::infinity();
-      for (Index j = lo; j < hi; ++j)
-        if (valid[j]) top = std::max(top, p_h[j - i + w] = c * dot(q, in.k.at(b, h, j), D));
-      Scalar* __restrict local_h = local.data() + h * D;
-      std::fill(local_h, local_h + D, Scalar(0));
-      seen[h] = top != -std::numeric_limits<Scalar>::infinity();
-      double total = 0.0;
-      if (!seen[h]) {
-        std::fill(p_h, p_h + span, Scalar(0));
-      } else {
-        for (Index o = 0; o < span; ++o)
-          p_h[o] = p_h[o] == -std::numeric_limits<Scalar>::infinity() ? Scalar(0) : fast_exp(p_h[o] - top);
-        for (Index o = 0; o < span; ++o) total += p_h[o];
-        const Scalar inverse = static_cast<Scalar>(1.0 / total);
-        for (Index j = lo; j < hi; ++j) {
-          const Scalar weight = (p_h[j - i + w] *= inverse);
-          if (weight != Scalar(0)) axpy(weight, in.v.at(b, h, j), local_h, D);
-        }
-      }
-      alpha[h] = weight_of_window(shape, in, b, h, i, top, total);
     }
   }
 
-  // alpha_h of the header, from the window's top score and sum_j exp(a_hj - top) (seen[h] set): for "shared",
-  // sigmoid(lse - log mix - log den) = total / (total + mix den exp(-top)), one exponential instead of three
-  // logarithms (exp(-top) overflowing to inf gives the limit 0).
-  Scalar weight_of_window(const Shape& shape, const Inputs<Scalar>& in, Index b, Index h, Index i, Scalar top,
-                          double total) const {
+  // alpha_h of the header from the window's lse (seen[h] set): for "shared", sigmoid(lse - log mix - log den) =
+  // 1 / (1 + mix den exp(-lse)), one exponential instead of two logarithms (exp(-lse) overflowing to inf gives the
+  // limit 0).
+  Scalar weight_of_window(const Shape& shape, const Inputs<Scalar>& in, Index b, Index h, Index i, Scalar lse) const {
     if (!shape.shared) return in.mix[h];
     const Scalar den = in.den[(b * shape.heads + h) * shape.length + i];
     if (!(den > Scalar(0))) return Scalar(1);
     if (!seen[h]) return Scalar(0);
     const double mix = std::max(in.mix[h], std::numeric_limits<Scalar>::min());
-    return static_cast<Scalar>(total / (total + mix * static_cast<double>(den) * std::exp(-static_cast<double>(top))));
+    return static_cast<Scalar>(1.0 / (1.0 + mix * static_cast<double>(den) * std::exp(-static_cast<double>(lse))));
   }
 };
 
@@ -269,7 +226,7 @@ int forward(const Shape& shape, const Inputs<Scalar>& in, Rows<Scalar> out) {
       token.compute(shape, in, b, i);
       for (Index h = 0; h < shape.heads; ++h) {
         const Scalar alpha = token.alpha[h];
-        const Scalar *__restrict local = token.local.data() + h * D, *__restrict y = token.y.data() + h * D;
+        const Scalar *__restrict local = token.local_of[h], *__restrict y = token.y.data() + h * D;
         Scalar* __restrict o = out.at(b, h, i);
         for (Index d = 0; d < D; ++d) o[d] = alpha * local[d] + (Scalar(1) - alpha) * y[d];
       }
@@ -277,11 +234,12 @@ int forward(const Shape& shape, const Inputs<Scalar>& in, Rows<Scalar> out) {
   });
 }
 
-// The gradients a backward writes.
+// The gradients a backward writes: with a computed window those of q, k, v; with a given one those of its output
+// (dlocal) and, per (b, h, i), shift = dlse - dlocal . local (what the window's own backward needs with them).
 template <typename Scalar>
 struct Gradients {
-  Rows<Scalar> dq, dk, dv, dx;
-  Scalar *dden, *dscale, *dgate, *dmix;
+  Rows<Scalar> dq, dk, dv, dx, dlocal;
+  Scalar *dden, *dscale, *dgate, *dmix, *shift;
 };
 
 // A chunk's sums of the parameters' gradients: kept in Scalar over kFlush tokens at a time, then added into
@@ -303,8 +261,9 @@ struct ParameterSums {
   }
 };
 
-// The backward's first pass over the queries [begin, end): dq, dx, dden, the parameters' sums, and per (b, h,
-// i, offset) the coefficients dS and alpha p for the keys' pass.
+// The backward's first pass over the queries [begin, end): dx, dden, the parameters' sums and, with a computed
+// window, dq and per (b, h, i, offset) the coefficients dS and alpha p for the keys' pass; with a given one,
+// dlocal and shift.
 template <typename Scalar, Index kDim>
 void backward_queries(const Shape& shape, const Inputs<Scalar>& in, Rows<const Scalar> grad_out,
                       const Gradients<Scalar>& g, Index begin, Index end, Scalar* coef_s, Scalar* coef_p,
@@ -324,7 +283,7 @@ void backward_queries(const Shape& shape, const Inputs<Scalar>& in, Rows<const S
     const std::uint8_t* valid = in.valid + b * T;
     for (Index h = 0; h < H; ++h) {
       const Scalar* __restrict G = grad_out.at(b, h, i);
-      const Scalar *__restrict local = token.local.data() + h * D, *__restrict y = token.y.data() + h * D;
+      const Scalar *__restrict local = token.local_of[h], *__restrict y = token.y.data() + h * D;
       const Scalar alpha = token.alpha[h];
       const Scalar dalpha = dot(G, local, D) - dot(G, y, D), g_local = dot(G, local, D);
       for (Index d = 0; d < D; ++d) dy[h * D + d] = (Scalar(1) - alpha) * G[d];
@@ -341,10 +300,16 @@ void backward_queries(const Shape& shape, const Inputs<Scalar>& in, Rows<const S
         }
       }
       g.dden[at] = dden;
+      const Scalar shift = dlse - alpha * g_local;
+      if (shape.given) {
+        Scalar* __restrict dlocal = g.dlocal.at(b, h, i);
+        for (Index d = 0; d < D; ++d) dlocal[d] = alpha * G[d];
+        g.shift[at] = shift;
+        continue;
+      }
       // The window: dS over the span, dq; alpha p and dS kept for the keys' pass.
       const Scalar* __restrict p = token.p.data() + h * span;
       Scalar *__restrict ds = coef_s + at * span, *__restrict ap = coef_p + at * span;
-      const Scalar shift = dlse - alpha * g_local;
       Scalar* __restrict dq = g.dq.at(b, h, i);
       std::fill(dq, dq + D, Scalar(0));
       std::fill(ds, ds + span, Scalar(0));
@@ -408,7 +373,7 @@ void backward_keys(const Shape& shape, const Inputs<Scalar>& in, Rows<const Scal
 template <typename Scalar, Index kDim>
 int backward(const Shape& shape, const Inputs<Scalar>& in, Rows<const Scalar> grad_out, const Gradients<Scalar>& g) {
   const Index tokens = shape.tokens(), chunks = chunk_count(tokens), F = shape.features(), H = shape.heads;
-  const Index coefficients = tokens * H * shape.span(), width = 2 * F + H;
+  const Index coefficients = shape.given ? 0 : tokens * H * shape.span(), width = 2 * F + H;
   // The coefficients, written in full by the first pass before the second reads them, in a buffer the calling
   // thread keeps between calls: a fresh one would cost a page fault per 4 KiB, as much as the pass itself.
   thread_local std::vector<Scalar> buffer;
@@ -420,12 +385,14 @@ int backward(const Shape& shape, const Inputs<Scalar>& in, Rows<const Scalar> gr
                                    partial.data() + chunk * width);
   });
   if (status) return status;
-  status = parallel_chunks(tokens, chunks, [&](Index begin, Index end, Index) {
-    backward_keys<Scalar, kDim>(shape, in, grad_out, g, begin, end, coef_s, coef_p);
-  });
-  if (status) return status;
-  // The parameters' gradients: the chunks' sums, in chunk order.
-  for (Index f = 0; f < width; ++f) {
+  if (!shape.given) {
+    status = parallel_chunks(tokens, chunks, [&](Index begin, Index end, Index) {
+      backward_keys<Scalar, kDim>(shape, in, grad_out, g, begin, end, coef_s, coef_p);
+    });
+    if (status) return status;
+  }
+  // The parameters' gradients: the chunks' sums, in chunk order (the norm's only with the norm).
+  for (Index f = shape.norm ? 0 : 2 * F; f < width; ++f) {
     double sum = 0.0;
     for (Index chunk = 0; chunk < chunks; ++chunk) sum += partial[chunk * width + f];
     Scalar* target = f < F ? g.dscale + f : f < 2 * F ? g.dgate + (f - F) : g.dmix + (f - 2 * F);
@@ -444,35 +411,60 @@ int backward(const Shape& shape, const Inputs<Scalar>& in, Rows<const Scalar> gr
 
 }  // namespace
 
-// The sizes (B, H, T, D), the halo w, the combination (1: "shared", 0: "gate"), the norm (1: ReLA's gated
-// RMSNorm, 0: none), the scaling and the norm's eps; then the tensors (forward: q, k, v, valid, x, den, scale,
-// gate, mix, out; backward: grad_out, q, k, v, valid, x, den, scale, gate, mix, dq, dk, dv, dx, dden, dscale,
-// dgate, dmix) and the (batch, head, token) element strides of the (B, H, T, D) ones: of q, k, v, x, out
-// (forward); of grad_out, q, k, v, x, dq, dk, dv, dx (backward).
+// The window computed (the sliced kernel's, no norm): the sizes (B, H, T, D), the halo w, the combination (1:
+// "shared", 0: "gate") and the scaling; then the tensors (forward: q, k, v, valid, x, den, mix, out; backward:
+// grad_out, q, k, v, valid, x, den, mix, dq, dk, dv, dx, dden, dmix) and the (batch, head, token) element strides of
+// the (B, H, T, D) ones: of q, k, v, x, out (forward); of grad_out, q, k, v, x, dq, dk, dv, dx (backward).
+//
+// The window given, after ReLA's norm (the combination): the sizes (B, H, T, D), the combination and the norm's eps;
+// then the tensors (forward: x, den, local, lse, scale, gate, mix, out; backward: grad_out, x, den, local, lse,
+// scale, gate, mix, dx, dden, dscale, dgate, dmix, dlocal, shift) and the strides of x, local, out (forward); of
+// grad_out, x, local, dx, dlocal (backward). lse, den, shift and dden are (B, H, T) contiguous.
 #define LOCAL_WINDOW_ENTRY_POINTS(SUFFIX, Scalar)                                                              \
   extern "C" int local_window_forward_##SUFFIX(Index batch, Index heads, Index length, Index dim, Index halo,  \
-                                               Index shared, Index norm, double scaling, double eps,           \
-                                               const Scalar* q, const Scalar* k, const Scalar* v,              \
-                                               const std::uint8_t* valid, const Scalar* x, const Scalar* den,  \
-                                               const Scalar* scale, const Scalar* gate, const Scalar* mix,     \
-                                               Scalar* out, const Index* strides) {                            \
-    const Shape shape{batch, heads, length, dim, halo, shared != 0, norm != 0};                                 \
-    const Inputs<Scalar> in{{q, strides}, {k, strides + 3}, {v, strides + 6}, {x, strides + 9}, valid, den,     \
-                            scale, gate, mix, scaling, eps};                                                   \
+                                               Index shared, double scaling, const Scalar* q, const Scalar* k, \
+                                               const Scalar* v, const std::uint8_t* valid, const Scalar* x,    \
+                                               const Scalar* den, const Scalar* mix, Scalar* out,              \
+                                               const Index* strides) {                                         \
+    const Shape shape{batch, heads, length, dim, halo, shared != 0, false, false};                             \
+    const Inputs<Scalar> in{{q, strides}, {k, strides + 3}, {v, strides + 6}, {x, strides + 9}, {}, valid, den, \
+                            nullptr, nullptr, mix, nullptr, scaling, 0.0};                                     \
     const Rows<Scalar> rows{out, strides + 12};                                                                \
     LOCAL_WINDOW_DISPATCH(forward, Scalar, dim, shape, in, rows)                                               \
   }                                                                                                            \
   extern "C" int local_window_backward_##SUFFIX(                                                               \
-      Index batch, Index heads, Index length, Index dim, Index halo, Index shared, Index norm, double scaling,  \
-      double eps, const Scalar* grad_out, const Scalar* q, const Scalar* k, const Scalar* v,                   \
-      const std::uint8_t* valid, const Scalar* x, const Scalar* den, const Scalar* scale, const Scalar* gate,  \
-      const Scalar* mix, Scalar* dq, Scalar* dk, Scalar* dv, Scalar* dx, Scalar* dden, Scalar* dscale,         \
-      Scalar* dgate, Scalar* dmix, const Index* strides) {                                                     \
-    const Shape shape{batch, heads, length, dim, halo, shared != 0, norm != 0};                                 \
-    const Inputs<Scalar> in{{q, strides + 3}, {k, strides + 6}, {v, strides + 9}, {x, strides + 12}, valid,    \
-                            den, scale, gate, mix, scaling, eps};                                              \
+      Index batch, Index heads, Index length, Index dim, Index halo, Index shared, double scaling,             \
+      const Scalar* grad_out, const Scalar* q, const Scalar* k, const Scalar* v, const std::uint8_t* valid,    \
+      const Scalar* x, const Scalar* den, const Scalar* mix, Scalar* dq, Scalar* dk, Scalar* dv, Scalar* dx,   \
+      Scalar* dden, Scalar* dmix, const Index* strides) {                                                      \
+    const Shape shape{batch, heads, length, dim, halo, shared != 0, false, false};                             \
+    const Inputs<Scalar> in{{q, strides + 3}, {k, strides + 6}, {v, strides + 9}, {x, strides + 12}, {}, valid, \
+                            den, nullptr, nullptr, mix, nullptr, scaling, 0.0};                                \
     const Gradients<Scalar> g{{dq, strides + 15}, {dk, strides + 18}, {dv, strides + 21}, {dx, strides + 24},  \
-                              dden, dscale, dgate, dmix};                                                      \
+                              {}, dden, nullptr, nullptr, dmix, nullptr};                                      \
+    const Rows<const Scalar> rows{grad_out, strides};                                                          \
+    LOCAL_WINDOW_DISPATCH(backward, Scalar, dim, shape, in, rows, g)                                           \
+  }                                                                                                            \
+  extern "C" int local_window_combine_forward_##SUFFIX(                                                        \
+      Index batch, Index heads, Index length, Index dim, Index shared, double eps, const Scalar* x,             \
+      const Scalar* den, const Scalar* local, const Scalar* lse, const Scalar* scale, const Scalar* gate,      \
+      const Scalar* mix, Scalar* out, const Index* strides) {                                                  \
+    const Shape shape{batch, heads, length, dim, 0, shared != 0, true, true};                                  \
+    const Inputs<Scalar> in{{}, {}, {}, {x, strides}, {local, strides + 3}, nullptr, den, scale, gate, mix,    \
+                            lse, 1.0, eps};                                                                    \
+    const Rows<Scalar> rows{out, strides + 6};                                                                 \
+    LOCAL_WINDOW_DISPATCH(forward, Scalar, dim, shape, in, rows)                                               \
+  }                                                                                                            \
+  extern "C" int local_window_combine_backward_##SUFFIX(                                                       \
+      Index batch, Index heads, Index length, Index dim, Index shared, double eps, const Scalar* grad_out,     \
+      const Scalar* x, const Scalar* den, const Scalar* local, const Scalar* lse, const Scalar* scale,         \
+      const Scalar* gate, const Scalar* mix, Scalar* dx, Scalar* dden, Scalar* dscale, Scalar* dgate,          \
+      Scalar* dmix, Scalar* dlocal, Scalar* shift, const Index* strides) {                                     \
+    const Shape shape{batch, heads, length, dim, 0, shared != 0, true, true};                                  \
+    const Inputs<Scalar> in{{}, {}, {}, {x, strides + 3}, {local, strides + 6}, nullptr, den, scale, gate,     \
+                            mix, lse, 1.0, eps};                                                               \
+    const Gradients<Scalar> g{{}, {}, {}, {dx, strides + 9}, {dlocal, strides + 12}, dden, dscale, dgate,      \
+                              dmix, shift};                                                                    \
     const Rows<const Scalar> rows{grad_out, strides};                                                          \
     LOCAL_WINDOW_DISPATCH(backward, Scalar, dim, shape, in, rows, g)                                           \
   }

@@ -13,6 +13,16 @@
 // N is what a shared normaliser with another attention needs (ops/local_window.py); its row sums ride
 // along with the tile passes the ReLU already makes.
 //
+// A softmax window beside it (band w >= 0, self-attention): each query's softmax over the valid keys with
+// |i - j| <= w (window_row.h), its output local_i, log-normaliser lse_i and weights p_ij kept for the backward.
+// Its backward takes dlocal_i and shift_i = dlse_i - dlocal_i . local_i (local_window_cpu.cpp's combination gives
+// them) and adds the window's score gradients into ReLA's tiles before dQ's and dK's products,
+//
+//     dS_ij += p_ij (dlocal_i . v_j + shift_i),   dV_j += sum_i p_ij dlocal_i,
+//
+// so that one backward gives both attentions' gradients of q, k and v (the window's share of dQ and dK rides on
+// the products ReLA makes anyway).
+//
 // ReLU needs no running maximum, so a query tile's output is a plain sum over key tiles,
 // O_i = sum_j A_ij V_j, and nothing is rescaled. The queries go in tiles of kQueryTile rows and the
 // keys in tiles of kKeyTile rows: a (kQueryTile, kKeyTile) score tile stays in the core's cache
@@ -35,6 +45,8 @@
 // an exception.
 
 #include <ATen/Parallel.h>
+
+#include "window_row.h"
 
 #include <algorithm>
 #include <atomic>
@@ -62,7 +74,9 @@ constexpr Index kKeyTile = 256;
 
 struct Shape {
   Index batch, heads, q_len, k_len, dim, halo;  // halo < 0: no window
+  Index band;                                    // the softmax window's halo w (< 0: none; needs q_len = k_len)
   Index groups() const { return batch * heads; }
+  Index span() const { return 2 * band + 1; }
   Index query_tiles() const { return (q_len + kQueryTile - 1) / kQueryTile; }
 };
 
@@ -173,9 +187,28 @@ struct Workspace {
   }
 };
 
+// The softmax window's rows: per query its output (local), log-normaliser and weights.
+template <typename Scalar>
+struct Band {
+  Scalar *local, *lse, *p;
+};
+
+// The window's scores out of a (query tile, key tile) pair's scores [i0, i0 + rows) x [j0, j0 + cols), before the
+// ReLU: window[r * span + j - i + w] for query i = i0 + r and the valid keys j with |i - j| <= w in the tile.
+template <typename Scalar>
+void keep_window_scores(const Shape& s, Index i0, Index rows, Index j0, Index cols, const std::uint8_t* valid,
+                        const Scalar* scores, Scalar* window) {
+  for (Index r = 0; r < rows; ++r) {
+    const Index i = i0 + r, lo = std::max(j0, i - s.band), hi = std::min(j0 + cols, i + s.band + 1);
+    for (Index j = lo; j < hi; ++j)
+      if (valid[j]) window[r * s.span() + j - i + s.band] = scores[r * cols + j - j0];
+  }
+}
+
 template <typename Scalar>
 void forward_tile(const Shape& s, Index g, Index tile, Scalar scaling, const Scalar* q, const Scalar* k,
-                  const Scalar* v, const std::uint8_t* valid, Scalar* out, Scalar* total, const Index* strides) {
+                  const Scalar* v, const std::uint8_t* valid, Scalar* out, Scalar* total, const Band<Scalar>& band,
+                  const Index* strides) {
   const Index D = s.dim, i0 = tile * kQueryTile, rows = std::min(kQueryTile, s.q_len - i0);
   const Rows<const Scalar> qg = group_rows(q, strides, s, g), kg = group_rows(k, strides + 3, s, g);
   const Rows<const Scalar> vg = group_rows(v, strides + 6, s, g);
@@ -185,11 +218,14 @@ void forward_tile(const Shape& s, Index g, Index tile, Scalar scaling, const Sca
   ws.reset(false);
   Scalar* scores = ws.scores.data();
   const KeyRange keys(s, i0, i0 + rows, valid_row);
+  Scalar* window = s.band < 0 ? nullptr : band.p + (g * s.q_len + i0) * s.span();
+  if (window) std::fill(window, window + rows * s.span(), -std::numeric_limits<Scalar>::infinity());
   bool written = false;
   for (Index j0 = keys.lo; j0 < keys.hi; j0 += kKeyTile) {
     const Index cols = std::min(kKeyTile, keys.hi - j0);
     if (!any_valid(valid_row, j0, cols)) continue;
     gemm<Scalar>(false, true, rows, cols, D, scaling, qg.row(i0), qg.stride, kg.row(j0), kg.stride, 0, scores, cols);
+    if (window) keep_window_scores(s, i0, rows, j0, cols, valid_row, scores, window);
     rectify(scores, i0, rows, j0, cols, valid_row, s.halo);
     for (Index r = 0; r < rows; ++r) ws.totals[r] += row_sum(scores + r * cols, cols);
     gemm<Scalar>(false, false, rows, D, cols, 1, scores, cols, vg.row(j0), vg.stride, written ? 1 : 0,
@@ -199,20 +235,53 @@ void forward_tile(const Shape& s, Index g, Index tile, Scalar scaling, const Sca
   if (!written)
     for (Index r = 0; r < rows; ++r) std::fill(og.row(i0 + r), og.row(i0 + r) + D, Scalar(0));
   for (Index r = 0; r < rows; ++r) total[g * s.q_len + i0 + r] = static_cast<Scalar>(ws.totals[r]);
+  if (!window) return;
+  const Rows<Scalar> local = group_rows(band.local, strides + 12, s, g);
+  for (Index i = i0; i < i0 + rows; ++i) {
+    const Index lo = std::max<Index>(0, i - s.band), hi = std::min(s.k_len, i + s.band + 1), at = g * s.q_len + i;
+    band.lse[at] = window_row::softmax_of_scores([&](Index j) { return vg.row(j); }, i, lo, hi, s.band, D,
+                                                 band.p + at * s.span(), local.row(i));
+  }
 }
 
-// accumulate: add the gradients to what dq, dk and dv hold (another attention's, in one buffer), else write them.
+// The softmax window's gradients into the backward: those of its output (dlocal rows), shift = dlse - dlocal .
+// local per query, and its weights p from the forward.
 template <typename Scalar>
-void backward_group(const Shape& s, Index g, Scalar scaling, bool accumulate, const Scalar* grad_out,
-                    const Scalar* grad_total, const Scalar* q, const Scalar* k, const Scalar* v,
-                    const std::uint8_t* valid, Scalar* dq, Scalar* dk, Scalar* dv, const Index* strides) {
+struct BandGrad {
+  const Scalar *dlocal, *shift, *p;
+};
+
+// The window's dS_ij = p_ij (dlocal_i . v_j + shift_i), added into the score gradients of the (query tile, key
+// tile) pair [i0, i0 + rows) x [j0, j0 + cols) where the window reaches into it: dQ's and dK's products then carry
+// the window's gradients with ReLA's.
+template <typename Scalar>
+void add_window_scores(const Shape& s, Index g, Index i0, Index rows, Index j0, Index cols,
+                       const BandGrad<Scalar>& band, const Rows<const Scalar>& dlocal, const Rows<const Scalar>& vg,
+                       Scalar* grad) {
+  for (Index r = 0; r < rows; ++r) {
+    const Index i = i0 + r, at = g * s.q_len + i;
+    const Index lo = std::max(j0, i - s.band), hi = std::min(j0 + cols, i + s.band + 1);
+    const Scalar* p = band.p + at * s.span();
+    for (Index j = lo; j < hi; ++j) {
+      const Scalar weight = p[j - i + s.band];
+      if (weight != Scalar(0))
+        grad[r * cols + j - j0] += weight * (window_row::dot(dlocal.row(i), vg.row(j), s.dim) + band.shift[at]);
+    }
+  }
+}
+
+template <typename Scalar>
+void backward_group(const Shape& s, Index g, Scalar scaling, const Scalar* grad_out, const Scalar* grad_total,
+                    const Scalar* q, const Scalar* k, const Scalar* v, const std::uint8_t* valid, Scalar* dq,
+                    Scalar* dk, Scalar* dv, const BandGrad<Scalar>& band, const Index* strides) {
   const Index D = s.dim;
   const Rows<const Scalar> gog = group_rows(grad_out, strides, s, g), qg = group_rows(q, strides + 3, s, g);
   const Rows<const Scalar> kg = group_rows(k, strides + 6, s, g), vg = group_rows(v, strides + 9, s, g);
   const Rows<Scalar> dqg = group_rows(dq, strides + 12, s, g), dkg = group_rows(dk, strides + 15, s, g);
   const Rows<Scalar> dvg = group_rows(dv, strides + 18, s, g);
   const std::uint8_t* valid_row = valid + (g / s.heads) * s.k_len;
-  for (Index j = 0; j < s.k_len && !accumulate; ++j) {
+  const Rows<const Scalar> dlocal = s.band < 0 ? Rows<const Scalar>{} : group_rows(band.dlocal, strides + 21, s, g);
+  for (Index j = 0; j < s.k_len; ++j) {
     std::fill(dkg.row(j), dkg.row(j) + D, Scalar(0));
     std::fill(dvg.row(j), dvg.row(j) + D, Scalar(0));
   }
@@ -222,7 +291,7 @@ void backward_group(const Shape& s, Index g, Scalar scaling, bool accumulate, co
   for (Index i0 = 0; i0 < s.q_len; i0 += kQueryTile) {
     const Index rows = std::min(kQueryTile, s.q_len - i0);
     const KeyRange keys(s, i0, i0 + rows, valid_row);
-    bool written = accumulate;
+    bool written = false;
     for (Index j0 = keys.lo; j0 < keys.hi; j0 += kKeyTile) {
       const Index cols = std::min(kKeyTile, keys.hi - j0);
       if (!any_valid(valid_row, j0, cols)) continue;
@@ -238,6 +307,7 @@ void backward_group(const Shape& s, Index g, Scalar scaling, bool accumulate, co
         Scalar* __restrict grad_row = grad + r * cols;
         for (Index c = 0; c < cols; ++c) grad_row[c] = weight_row[c] > Scalar(0) ? grad_row[c] + extra : Scalar(0);
       }
+      if (s.band >= 0) add_window_scores(s, g, i0, rows, j0, cols, band, dlocal, vg, grad);
       gemm<Scalar>(false, false, rows, D, cols, scaling, grad, cols, kg.row(j0), kg.stride, written ? 1 : 0,
                    dqg.row(i0), dqg.stride);
       gemm<Scalar>(true, false, cols, D, rows, scaling, grad, cols, qg.row(i0), qg.stride, 1, dkg.row(j0), dkg.stride);
@@ -245,6 +315,13 @@ void backward_group(const Shape& s, Index g, Scalar scaling, bool accumulate, co
     }
     if (!written)
       for (Index r = 0; r < rows; ++r) std::fill(dqg.row(i0 + r), dqg.row(i0 + r) + D, Scalar(0));
+  }
+  // The window's dV: dv_j += p_ij dlocal_i over the queries i that saw j.
+  for (Index i = 0; i < s.q_len && s.band >= 0; ++i) {
+    const Index lo = std::max<Index>(0, i - s.band), hi = std::min(s.k_len, i + s.band + 1);
+    const Scalar* p = band.p + (g * s.q_len + i) * s.span();
+    for (Index j = lo; j < hi; ++j)
+      if (p[j - i + s.band] != Scalar(0)) window_row::axpy(p[j - i + s.band], dlocal.row(i), dvg.row(j), D);
   }
 }
 
@@ -266,47 +343,48 @@ int parallel_tasks(Index count, Body body) {
 
 template <typename Scalar>
 int forward(const Shape& s, double scaling, const Scalar* q, const Scalar* k, const Scalar* v,
-            const std::uint8_t* valid, Scalar* out, Scalar* total, const Index* strides) {
+            const std::uint8_t* valid, Scalar* out, Scalar* total, const Band<Scalar>& band, const Index* strides) {
   const Index tiles = s.query_tiles();
   return parallel_tasks(s.groups() * tiles, [&](Index task) {
     forward_tile<Scalar>(s, task / tiles, task % tiles, static_cast<Scalar>(scaling), q, k, v, valid, out, total,
-                         strides);
+                         band, strides);
   });
 }
 
 template <typename Scalar>
-int backward(const Shape& s, double scaling, bool accumulate, const Scalar* grad_out, const Scalar* grad_total,
-             const Scalar* q, const Scalar* k, const Scalar* v, const std::uint8_t* valid, Scalar* dq, Scalar* dk,
-             Scalar* dv, const Index* strides) {
+int backward(const Shape& s, double scaling, const Scalar* grad_out, const Scalar* grad_total, const Scalar* q,
+             const Scalar* k, const Scalar* v, const std::uint8_t* valid, Scalar* dq, Scalar* dk, Scalar* dv,
+             const BandGrad<Scalar>& band, const Index* strides) {
   return parallel_tasks(s.groups(), [&](Index g) {
-    backward_group<Scalar>(s, g, static_cast<Scalar>(scaling), accumulate, grad_out, grad_total, q, k, v, valid,
-                           dq, dk, dv, strides);
+    backward_group<Scalar>(s, g, static_cast<Scalar>(scaling), grad_out, grad_total, q, k, v, valid, dq, dk, dv,
+                           band, strides);
   });
 }
 
 }  // namespace
 
-// The sizes (B, H, Tq, Tk, D), the halo h = w - 1 of the window (-1: none), the scaling and (backward) whether
-// to add the gradients to dq, dk and dv (1) or write them (0), then the
-// tensors (forward: q, k, v, valid, out, N; backward: grad_out, dN, q, k, v, valid, dq, dk, dv) and the
-// (batch, head, token) element strides of the (B, H, T, D) ones: of q, k, v, out (forward); of grad_out, q,
-// k, v, dq, dk, dv (backward).
+// The sizes (B, H, Tq, Tk, D), the halo h = w - 1 of ReLA's window (-1: none), the softmax window's halo (-1:
+// none) and the scaling, then the tensors (forward: q, k, v, valid, out, N, local, lse, p; backward: grad_out, dN,
+// q, k, v, valid, dq, dk, dv, dlocal, shift, p) and the (batch, head, token) element strides of the (B, H, T, D)
+// ones: of q, k, v, out, local (forward); of grad_out, q, k, v, dq, dk, dv, dlocal (backward). Without the softmax
+// window, local, lse, p, dlocal and shift are not read (null), and local's and dlocal's strides any.
 #define RELA_ENTRY_POINTS(SUFFIX, Scalar)                                                                    \
   extern "C" int rela_forward_##SUFFIX(Index batch, Index heads, Index q_len, Index k_len, Index dim,        \
-                                       Index halo, double scaling, const Scalar* q, const Scalar* k,         \
-                                       const Scalar* v, const std::uint8_t* valid, Scalar* out,              \
-                                       Scalar* total, const Index* strides) {                                \
-    return forward<Scalar>({batch, heads, q_len, k_len, dim, halo}, scaling, q, k, v, valid, out, total,     \
-                           strides);                                                                         \
+                                       Index halo, Index band, double scaling, const Scalar* q,              \
+                                       const Scalar* k, const Scalar* v, const std::uint8_t* valid,          \
+                                       Scalar* out, Scalar* total, Scalar* local, Scalar* lse, Scalar* p,    \
+                                       const Index* strides) {                                               \
+    return forward<Scalar>({batch, heads, q_len, k_len, dim, halo, band}, scaling, q, k, v, valid, out,      \
+                           total, {local, lse, p}, strides);                                                 \
   }                                                                                                          \
   extern "C" int rela_backward_##SUFFIX(Index batch, Index heads, Index q_len, Index k_len, Index dim,       \
-                                        Index halo, double scaling, Index accumulate,                        \
-                                        const Scalar* grad_out,                                              \
+                                        Index halo, Index band, double scaling, const Scalar* grad_out,      \
                                         const Scalar* grad_total, const Scalar* q, const Scalar* k,          \
                                         const Scalar* v, const std::uint8_t* valid, Scalar* dq, Scalar* dk,  \
-                                        Scalar* dv, const Index* strides) {                                  \
-    return backward<Scalar>({batch, heads, q_len, k_len, dim, halo}, scaling, accumulate != 0, grad_out,     \
-                            grad_total, q, k, v, valid, dq, dk, dv, strides);                                \
+                                        Scalar* dv, const Scalar* dlocal, const Scalar* shift,               \
+                                        const Scalar* p, const Index* strides) {                             \
+    return backward<Scalar>({batch, heads, q_len, k_len, dim, halo, band}, scaling, grad_out, grad_total, q, \
+                            k, v, valid, dq, dk, dv, {dlocal, shift, p}, strides);                           \
   }
 
 RELA_ENTRY_POINTS(f32, float)
