@@ -35,6 +35,8 @@ CASES = [
     (2, 1, 50, 50, 7, 200, torch.float32),  # wider than T: every key
     (2, 2, 45, 45, 12, 6, torch.float64),
     (1, 3, 270, 99, 33, None, torch.float64),
+    (2, 2, 40, 40, 32, None, torch.float32),  # the head dims compiled in
+    (1, 2, 70, 70, 64, 9, torch.float64),
 ]
 HALF_CASES = [(2, 3, 41, 41, 16, 7, dtype) for dtype in (torch.float16, torch.bfloat16)]
 

@@ -205,11 +205,12 @@ void keep_window_scores(const Shape& s, Index i0, Index rows, Index j0, Index co
   }
 }
 
-template <typename Scalar>
+// kDim: the head dim where it is compiled in (> 0; the window's row loops unrolled for it), else 0 (any).
+template <typename Scalar, Index kDim>
 void forward_tile(const Shape& s, Index g, Index tile, Scalar scaling, const Scalar* q, const Scalar* k,
                   const Scalar* v, const std::uint8_t* valid, Scalar* out, Scalar* total, const Band<Scalar>& band,
                   const Index* strides) {
-  const Index D = s.dim, i0 = tile * kQueryTile, rows = std::min(kQueryTile, s.q_len - i0);
+  const Index D = kDim > 0 ? kDim : s.dim, i0 = tile * kQueryTile, rows = std::min(kQueryTile, s.q_len - i0);
   const Rows<const Scalar> qg = group_rows(q, strides, s, g), kg = group_rows(k, strides + 3, s, g);
   const Rows<const Scalar> vg = group_rows(v, strides + 6, s, g);
   const Rows<Scalar> og = group_rows(out, strides + 9, s, g);
@@ -255,9 +256,10 @@ struct BandGrad {
 // tile) pair [i0, i0 + rows) x [j0, j0 + cols) where the window reaches into it: dQ's and dK's products then carry
 // the window's gradients with ReLA's.
 template <typename Scalar>
-void add_window_scores(const Shape& s, Index g, Index i0, Index rows, Index j0, Index cols,
-                       const BandGrad<Scalar>& band, const Rows<const Scalar>& dlocal, const Rows<const Scalar>& vg,
-                       Scalar* grad) {
+inline __attribute__((always_inline)) void add_window_scores(const Shape& s, Index g, Index i0, Index rows, Index j0,
+                                                             Index cols, Index D, const BandGrad<Scalar>& band,
+                                                             const Rows<const Scalar>& dlocal,
+                                                             const Rows<const Scalar>& vg, Scalar* grad) {
   for (Index r = 0; r < rows; ++r) {
     const Index i = i0 + r, at = g * s.q_len + i;
     const Index lo = std::max(j0, i - s.band), hi = std::min(j0 + cols, i + s.band + 1);
@@ -265,16 +267,16 @@ void add_window_scores(const Shape& s, Index g, Index i0, Index rows, Index j0, 
     for (Index j = lo; j < hi; ++j) {
       const Scalar weight = p[j - i + s.band];
       if (weight != Scalar(0))
-        grad[r * cols + j - j0] += weight * (window_row::dot(dlocal.row(i), vg.row(j), s.dim) + band.shift[at]);
+        grad[r * cols + j - j0] += weight * (window_row::dot(dlocal.row(i), vg.row(j), D) + band.shift[at]);
     }
   }
 }
 
-template <typename Scalar>
+template <typename Scalar, Index kDim>
 void backward_group(const Shape& s, Index g, Scalar scaling, const Scalar* grad_out, const Scalar* grad_total,
                     const Scalar* q, const Scalar* k, const Scalar* v, const std::uint8_t* valid, Scalar* dq,
                     Scalar* dk, Scalar* dv, const BandGrad<Scalar>& band, const Index* strides) {
-  const Index D = s.dim;
+  const Index D = kDim > 0 ? kDim : s.dim;
   const Rows<const Scalar> gog = group_rows(grad_out, strides, s, g), qg = group_rows(q, strides + 3, s, g);
   const Rows<const Scalar> kg = group_rows(k, strides + 6, s, g), vg = group_rows(v, strides + 9, s, g);
   const Rows<Scalar> dqg = group_rows(dq, strides + 12, s, g), dkg = group_rows(dk, strides + 15, s, g);
@@ -307,7 +309,7 @@ void backward_group(const Shape& s, Index g, Scalar scaling, const Scalar* grad_
         Scalar* __restrict grad_row = grad + r * cols;
         for (Index c = 0; c < cols; ++c) grad_row[c] = weight_row[c] > Scalar(0) ? grad_row[c] + extra : Scalar(0);
       }
-      if (s.band >= 0) add_window_scores(s, g, i0, rows, j0, cols, band, dlocal, vg, grad);
+      if (s.band >= 0) add_window_scores(s, g, i0, rows, j0, cols, D, band, dlocal, vg, grad);
       gemm<Scalar>(false, false, rows, D, cols, scaling, grad, cols, kg.row(j0), kg.stride, written ? 1 : 0,
                    dqg.row(i0), dqg.stride);
       gemm<Scalar>(true, false, cols, D, rows, scaling, grad, cols, qg.row(i0), qg.stride, 1, dkg.row(j0), dkg.stride);
@@ -324,6 +326,14 @@ void backward_group(const Shape& s, Index g, Scalar scaling, const Scalar* grad_
       if (p[j - i + s.band] != Scalar(0)) window_row::axpy(p[j - i + s.band], dlocal.row(i), dvg.row(j), D);
   }
 }
+
+// step<Scalar, kDim>(args...) with kDim the head dim where it is compiled in (32, 64), else 0 (any).
+#define RELA_DISPATCH(dim, step, Scalar, ...)                   \
+  switch (dim) {                                                \
+    case 32: step<Scalar, 32>(__VA_ARGS__); break;              \
+    case 64: step<Scalar, 64>(__VA_ARGS__); break;              \
+    default: step<Scalar, 0>(__VA_ARGS__);                      \
+  }
 
 // body(task) for task in [0, count), each a group's or a tile's worth of work, over torch's intra-op
 // threads: each thread takes the next task when it is done with one, so that a thread slowed down
@@ -346,8 +356,8 @@ int forward(const Shape& s, double scaling, const Scalar* q, const Scalar* k, co
             const std::uint8_t* valid, Scalar* out, Scalar* total, const Band<Scalar>& band, const Index* strides) {
   const Index tiles = s.query_tiles();
   return parallel_tasks(s.groups() * tiles, [&](Index task) {
-    forward_tile<Scalar>(s, task / tiles, task % tiles, static_cast<Scalar>(scaling), q, k, v, valid, out, total,
-                         band, strides);
+    RELA_DISPATCH(s.dim, forward_tile, Scalar, s, task / tiles, task % tiles, static_cast<Scalar>(scaling), q, k, v,
+                  valid, out, total, band, strides);
   });
 }
 
@@ -356,8 +366,8 @@ int backward(const Shape& s, double scaling, const Scalar* grad_out, const Scala
              const Scalar* k, const Scalar* v, const std::uint8_t* valid, Scalar* dq, Scalar* dk, Scalar* dv,
              const BandGrad<Scalar>& band, const Index* strides) {
   return parallel_tasks(s.groups(), [&](Index g) {
-    backward_group<Scalar>(s, g, static_cast<Scalar>(scaling), grad_out, grad_total, q, k, v, valid, dq, dk, dv,
-                           band, strides);
+    RELA_DISPATCH(s.dim, backward_group, Scalar, s, g, static_cast<Scalar>(scaling), grad_out, grad_total, q, k, v,
+                  valid, dq, dk, dv, band, strides);
   });
 }
 
