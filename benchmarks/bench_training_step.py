@@ -63,7 +63,11 @@ The models of a shape are freed before the next shape is built. ``--threads`` se
 Results: printed and written to ``<output>/training_step.md`` and ``training_step.json``
 (``<output>`` = ``benchmarks/results`` unless ``--output``), with the command, commit, date,
 versions, CPU, threads and the 1-min load average at the start and end, and the acceptance bars
-(:data:`BARS`, against ``sdpa_fused``).
+(:data:`BARS`, against ``sdpa_fused``): the ratio of the medians, and beside it the steps' paired ratios
+(``sdpa_fused``'s step / the contender's in the same round), their mean and 95% Student-t interval, and the
+interval's verdict: "met" only when its lower end clears the bar, "not met" when its upper end is below it, else
+"not resolved" (rounds of one run share the machine's state, so the interval is that of one run: a second run
+checks it).
 """
 
 from __future__ import annotations
@@ -93,8 +97,10 @@ from benchmarks._harness import (  # noqa: E402
     Run,
     bars_table,
     choice_list,
+    PairedInterval,
     fmt_ratio,
     interleaved,
+    paired_interval,
     point_ratio,
     write_results,
 )
@@ -261,7 +267,31 @@ def report(run: Run, steps: int, times: dict[str, dict[str, Point]]) -> tuple[st
                      + " |")
     bars = [Bar(f"{name} at {batch}×{length}: {BASELINES[0]} time / {name} time",
                 speedup(times, name, f"{batch}x{length}"), threshold, True) for name, (batch, length), threshold in BARS]
-    return "\n".join([*lines, "", bars_table(bars), "", *ceiling_lines(times)]), bars
+    return "\n".join([*lines, "", bars_table(bars), *paired_lines(times), "", *ceiling_lines(times)]), bars
+
+
+def paired_ratios(times: dict[str, dict[str, Point]], name: str, shape: str) -> PairedInterval | None:
+    """``sdpa_fused``'s step time / the contender's, round by round (one step of each per round), with their
+    mean and 95% interval; None where the contender was not measured at ``shape``."""
+    points = times.get(shape, {})
+    if name not in points or BASELINES[0] not in points:
+        return None
+    pairs = zip(points[BASELINES[0]].runs, points[name].runs, strict=True)
+    return paired_interval(baseline / contender for baseline, contender in pairs)
+
+
+def paired_lines(times: dict[str, dict[str, Point]]) -> list[str]:
+    """The bars' paired per-step ratios with their intervals and the intervals' verdicts (measured bars only)."""
+    rows = []
+    for name, (batch, length), threshold in BARS:
+        interval = paired_ratios(times, name, f"{batch}x{length}")
+        if interval is not None:
+            rows.append(f"| {name} at {batch}×{length} | {interval.describe('.3f')} | ≥ {threshold:g} | "
+                        f"**{interval.verdict(threshold)}** |")
+    if not rows:
+        return []
+    return ["", f"Paired per-step ratios ({BASELINES[0]}'s step / the contender's, same round), mean [95% interval]:",
+            "", "| bar | paired ratio | required | verdict of the interval |", "|---|---:|---:|---|", *rows]
 
 
 def ceiling_lines(times: dict[str, dict[str, Point]]) -> list[str]:
@@ -319,9 +349,13 @@ def main(argv: list[str] | None = None) -> int:
     results = [{"contender": n, "shape": shape, "median_s": point.seconds, "step_s": point.runs,
                 **{f"speedup_vs_{b}": speedup(times, n, shape, b) for b in BASELINES}}
                for shape, points in times.items() for n, point in points.items()]
-    bar_records = [{"contender": name, "shape": f"{batch}x{length}", f"speedup_vs_{BASELINES[0]}": bar.value,
-                    "required": threshold, "verdict": bar.verdict}
-                   for (name, (batch, length), threshold), bar in zip(BARS, bars, strict=True)]
+    bar_records = []
+    for (name, (batch, length), threshold), bar in zip(BARS, bars, strict=True):
+        interval = paired_ratios(times, name, f"{batch}x{length}")
+        bar_records.append({"contender": name, "shape": f"{batch}x{length}", f"speedup_vs_{BASELINES[0]}": bar.value,
+                            "required": threshold, "verdict": bar.verdict,
+                            "paired_ratio": None if interval is None else interval.record(),
+                            "interval_verdict": None if interval is None else interval.verdict(threshold)})
     environment = {**run.record(), "checkpoint": str(checkpoint()), "steps": args.steps}
     write_results(args.output, "training_step", markdown,
                   {"environment": environment, "results": results, "bars": bar_records})

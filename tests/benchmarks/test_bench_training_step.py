@@ -68,3 +68,34 @@ def test_bars_above_the_ceiling_are_named():
     # Plain sliced_relu folds q and k away: its bar (2x at 8x512) is not bounded by a 1.875x ceiling.
     assert "sliced_relu ≥ 2×" not in by_shape["8x512"]
     assert "it bounds no bar at this shape" in by_shape["4x32"]
+
+
+def test_bars_carry_the_paired_interval_of_the_steps():
+    """Each measured bar gets the round-by-round ratios' mean and 95% interval, judged by the interval: met only
+    when its lower end clears the bar."""
+    def times(contender_runs: list[float]) -> dict[str, dict[str, Point]]:
+        baseline = [2.0, 2.2, 1.9, 2.1]
+        return {"32x128": {"sdpa_fused": Point(2.05, baseline), "rela_window4": Point(0.0, contender_runs)}}
+
+    faster = bench.paired_ratios(times([1.6, 1.8, 1.5, 1.7]), "rela_window4", "32x128")
+    assert faster.values == pytest.approx((2.0 / 1.6, 2.2 / 1.8, 1.9 / 1.5, 2.1 / 1.7))
+    assert faster.low > 1.0 and faster.verdict(1.0) == "met"
+    level = bench.paired_ratios(times([1.9, 2.3, 1.95, 2.05]), "rela_window4", "32x128")
+    assert level.low < 1.0 < level.high and level.verdict(1.0) == "not resolved"
+    assert bench.paired_ratios(times([1.6, 1.8, 1.5, 1.7]), "sliced_relu", "32x128") is None
+    rows = [line for line in bench.paired_lines(times([2.5, 2.7, 2.4, 2.6])) if line.startswith("| rela_window4")]
+    assert len(rows) == 1 and rows[0].endswith("**not met** |")
+
+
+def test_the_results_record_each_bars_interval(tmp_path, monkeypatch):
+    monkeypatch.setattr(bench, "BARS", [("rela_window4", (2, 16), 1.0), ("sliced_relu", (8, 512), 2.0)])
+    argv = ["--shapes", "2x16", "--steps", "3", "--threads", "1", "--output", str(tmp_path), "--contenders",
+            "rela_window4"]
+    assert bench.main(argv) == 0
+    measured, unmeasured = json.loads((tmp_path / "training_step.json").read_text())["bars"]
+    assert len(measured["paired_ratio"]["values"]) == 3
+    assert measured["paired_ratio"]["mean"] == pytest.approx(sum(measured["paired_ratio"]["values"]) / 3)
+    assert measured["interval_verdict"] in {"met", "not met", "not resolved"}
+    assert unmeasured["paired_ratio"] is None and unmeasured["interval_verdict"] is None
+    markdown = (tmp_path / "training_step.md").read_text()
+    assert f"| rela_window4 at 2×16 | {measured['paired_ratio']['mean']:.3f} [" in markdown
