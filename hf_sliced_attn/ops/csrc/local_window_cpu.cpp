@@ -63,10 +63,11 @@ using Index = std::int64_t;
 using window_row::axpy;
 using window_row::dot;
 
-// given: the window's output and log-normaliser come in (the combination's entry points), not computed.
+// given: ReLA's use (the combination's entry points): the window's output and log-normaliser come in, not
+// computed, and the global term goes through ReLA's norm; else the sliced kernel's (the window computed, no norm).
 struct Shape {
   Index batch, heads, length, dim, halo;
-  bool shared, norm, given;
+  bool shared, given;
   Index features() const { return heads * dim; }
   Index span() const { return 2 * halo + 1; }
   Index tokens() const { return batch * length; }
@@ -162,7 +163,7 @@ struct Token {
   // y: the norm of the token's global rows x, or x itself.
   void normalise(const Shape& shape, const Inputs<Scalar>& in, Index b, Index i) {
     const Index D = head_dim<kDim>(shape), H = shape.heads, F = H * D;
-    if (shape.norm) {
+    if (shape.given) {
       double square = 0.0;
       for (Index h = 0; h < H; ++h) {
         const Scalar* x = in.x.at(b, h, i);
@@ -174,7 +175,7 @@ struct Token {
     for (Index h = 0; h < H; ++h) {
       const Scalar* __restrict x = in.x.at(b, h, i);
       Scalar *__restrict y_h = y.data() + h * D, *__restrict s_h = s.data() + h * D;
-      if (shape.norm) {
+      if (shape.given) {
         const Scalar *__restrict scale = in.scale + h * D, *__restrict gate = in.gate + h * D;
         for (Index d = 0; d < D; ++d) s_h[d] = sigmoid(gate[d] * x[d]);
         for (Index d = 0; d < D; ++d) y_h[d] = scale[d] * x[d] * rr * s_h[d];
@@ -323,7 +324,7 @@ void backward_queries(const Shape& shape, const Inputs<Scalar>& in, Rows<const S
       }
     }
     // The global term's rows: through the norm, or straight.
-    if (!shape.norm) {
+    if (!shape.given) {
       for (Index h = 0; h < H; ++h) std::copy(dy.data() + h * D, dy.data() + (h + 1) * D, g.dx.at(b, h, i));
       sums.token_done();
       continue;
@@ -392,7 +393,7 @@ int backward(const Shape& shape, const Inputs<Scalar>& in, Rows<const Scalar> gr
     if (status) return status;
   }
   // The parameters' gradients: the chunks' sums, in chunk order (the norm's only with the norm).
-  for (Index f = shape.norm ? 0 : 2 * F; f < width; ++f) {
+  for (Index f = shape.given ? 0 : 2 * F; f < width; ++f) {
     double sum = 0.0;
     for (Index chunk = 0; chunk < chunks; ++chunk) sum += partial[chunk * width + f];
     Scalar* target = f < F ? g.dscale + f : f < 2 * F ? g.dgate + (f - F) : g.dmix + (f - 2 * F);
@@ -426,7 +427,7 @@ int backward(const Shape& shape, const Inputs<Scalar>& in, Rows<const Scalar> gr
                                                const Scalar* v, const std::uint8_t* valid, const Scalar* x,    \
                                                const Scalar* den, const Scalar* mix, Scalar* out,              \
                                                const Index* strides) {                                         \
-    const Shape shape{batch, heads, length, dim, halo, shared != 0, false, false};                             \
+    const Shape shape{batch, heads, length, dim, halo, shared != 0, false};                             \
     const Inputs<Scalar> in{{q, strides}, {k, strides + 3}, {v, strides + 6}, {x, strides + 9}, {}, valid, den, \
                             nullptr, nullptr, mix, nullptr, scaling, 0.0};                                     \
     const Rows<Scalar> rows{out, strides + 12};                                                                \
@@ -437,7 +438,7 @@ int backward(const Shape& shape, const Inputs<Scalar>& in, Rows<const Scalar> gr
       const Scalar* grad_out, const Scalar* q, const Scalar* k, const Scalar* v, const std::uint8_t* valid,    \
       const Scalar* x, const Scalar* den, const Scalar* mix, Scalar* dq, Scalar* dk, Scalar* dv, Scalar* dx,   \
       Scalar* dden, Scalar* dmix, const Index* strides) {                                                      \
-    const Shape shape{batch, heads, length, dim, halo, shared != 0, false, false};                             \
+    const Shape shape{batch, heads, length, dim, halo, shared != 0, false};                             \
     const Inputs<Scalar> in{{q, strides + 3}, {k, strides + 6}, {v, strides + 9}, {x, strides + 12}, {}, valid, \
                             den, nullptr, nullptr, mix, nullptr, scaling, 0.0};                                \
     const Gradients<Scalar> g{{dq, strides + 15}, {dk, strides + 18}, {dv, strides + 21}, {dx, strides + 24},  \
@@ -449,7 +450,7 @@ int backward(const Shape& shape, const Inputs<Scalar>& in, Rows<const Scalar> gr
       Index batch, Index heads, Index length, Index dim, Index shared, double eps, const Scalar* x,             \
       const Scalar* den, const Scalar* local, const Scalar* lse, const Scalar* scale, const Scalar* gate,      \
       const Scalar* mix, Scalar* out, const Index* strides) {                                                  \
-    const Shape shape{batch, heads, length, dim, 0, shared != 0, true, true};                                  \
+    const Shape shape{batch, heads, length, dim, 0, shared != 0, true};                                  \
     const Inputs<Scalar> in{{}, {}, {}, {x, strides}, {local, strides + 3}, nullptr, den, scale, gate, mix,    \
                             lse, 1.0, eps};                                                                    \
     const Rows<Scalar> rows{out, strides + 6};                                                                 \
@@ -460,7 +461,7 @@ int backward(const Shape& shape, const Inputs<Scalar>& in, Rows<const Scalar> gr
       const Scalar* x, const Scalar* den, const Scalar* local, const Scalar* lse, const Scalar* scale,         \
       const Scalar* gate, const Scalar* mix, Scalar* dx, Scalar* dden, Scalar* dscale, Scalar* dgate,          \
       Scalar* dmix, Scalar* dlocal, Scalar* shift, const Index* strides) {                                     \
-    const Shape shape{batch, heads, length, dim, 0, shared != 0, true, true};                                  \
+    const Shape shape{batch, heads, length, dim, 0, shared != 0, true};                                  \
     const Inputs<Scalar> in{{}, {}, {}, {x, strides + 3}, {local, strides + 6}, nullptr, den, scale, gate,     \
                             mix, lse, 1.0, eps};                                                               \
     const Gradients<Scalar> g{{}, {}, {}, {dx, strides + 9}, {dlocal, strides + 12}, dden, dscale, dgate,      \

@@ -74,7 +74,7 @@ constexpr Index kKeyTile = 256;
 
 struct Shape {
   Index batch, heads, q_len, k_len, dim, halo;  // halo < 0: no window
-  Index band;                                    // the softmax window's halo w (< 0: none; needs q_len = k_len)
+  Index band;  // the softmax window's halo w (< 0: none; needs q_len = k_len and no ReLA window, halo < 0)
   Index groups() const { return batch * heads; }
   Index span() const { return 2 * band + 1; }
   Index query_tiles() const { return (q_len + kQueryTile - 1) / kQueryTile; }
