@@ -70,6 +70,18 @@ def test_bars_above_the_ceiling_are_named():
     assert "it bounds no bar at this shape" in by_shape["4x32"]
 
 
+def test_a_bar_is_judged_by_its_interval_not_by_the_medians():
+    """Medians 2.05 / 1.95 = 1.05 would pass a 1.0 bar; the paired interval straddles 1.0, so the bar does not."""
+    times = {"32x128": {"sdpa_fused": Point(2.05, [2.0, 2.2, 1.9, 2.1]),
+                        "rela_window4": Point(1.95, [1.9, 2.3, 1.95, 2.05])}}
+    run = bench.Run("bench_training_step.py", [])
+    run.finish()
+    _, bars = bench.report(run, 4, times)
+    (bar,) = [bar for bar in bars if bar.description.startswith("rela_window4 at 32×128")]
+    assert bar.value == bench.paired_ratios(times, "rela_window4", "32x128").low < 1.0
+    assert bar.verdict == "FAIL"
+
+
 def test_bars_carry_the_paired_interval_of_the_steps():
     """Each measured bar gets the round-by-round ratios' mean and 95% interval, judged by the interval: met only
     when its lower end clears the bar."""
@@ -96,6 +108,10 @@ def test_the_results_record_each_bars_interval(tmp_path, monkeypatch):
     assert len(measured["paired_ratio"]["values"]) == 3
     assert measured["paired_ratio"]["mean"] == pytest.approx(sum(measured["paired_ratio"]["values"]) / 3)
     assert measured["interval_verdict"] in {"met", "not met", "not resolved"}
+    # The bar's own verdict is the interval's: PASS exactly when its lower end clears the bar.
+    assert (measured["verdict"] == "PASS") == (measured["interval_verdict"] == "met")
+    assert measured["speedup_vs_sdpa_fused"] > 0  # the ratio of the medians, beside it
     assert unmeasured["paired_ratio"] is None and unmeasured["interval_verdict"] is None
+    assert unmeasured["verdict"] == "not measured"
     markdown = (tmp_path / "training_step.md").read_text()
     assert f"| rela_window4 at 2×16 | {measured['paired_ratio']['mean']:.3f} [" in markdown
