@@ -148,8 +148,9 @@ def _rela_forward(q: Tensor, k: Tensor, v: Tensor, valid: Tensor, scale: Tensor,
     (B, T, H, D), and what the backward reads (not differentiable): ReLA's output and total weights, the window's
     output, log-normaliser and weights (:func:`.rela_cpu.rela_window_kernel`)."""
     if not q.numel():  # no token, or D = 0 (every output 0, every weight of ReLA 0): nothing for the kernels
-        rows, per_query = q.new_zeros(q.shape), q.new_zeros(q.shape[:3])
-        return rows, rows, per_query, rows, per_query, q.new_zeros(*q.shape[:3], 2 * halo + 1)
+        rows = [_output(q, *q.shape).zero_() for _ in range(3)]
+        return (rows[0], rows[1], q.new_zeros(q.shape[:3]), rows[2], q.new_zeros(q.shape[:3]),
+                q.new_zeros(*q.shape[:3], 2 * halo + 1))
     numerator, denominator, local, lse, weights = rela_cpu.rela_window_kernel(q, k, v, valid, halo, scaling)
     out = _output(v, *q.shape)
     _call("combine_forward", (int(shared), eps), (numerator, denominator, local, lse, scale, gate, mix, out),

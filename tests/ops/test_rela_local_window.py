@@ -134,6 +134,18 @@ def test_rela_returns_its_denominator(native, sliding_window, monkeypatch):
     assert half[0].dtype == torch.float16 and half[1].dtype == torch.float32
 
 
+@pytest.mark.parametrize("shape", [(2, 3, 0, 8), (0, 3, 5, 8)], ids=["no-token", "no-sequence"])
+def test_empty_inputs_give_empty_outputs_and_zero_gradients(shape, window_implementation):
+    """No token or no sequence: the output has value's shape, and every gradient is zero (the parameters' too)."""
+    heads, dim = shape[1], shape[3]
+    tensors = {"query": torch.randn(shape), "key": torch.randn(shape), "value": torch.randn(shape),
+               "mix": torch.ones(heads), "norm_scale": torch.ones(heads * dim), "norm_gate": torch.zeros(heads * dim)}
+    out, grads = op_output_and_input_grads(rela_local_window_attention, tensors, differentiable=DIFFERENTIABLE,
+                                           window=4, combine="shared")
+    assert out.shape == shape and not out.any()
+    assert all(grads[name].shape == tensors[name].shape and not grads[name].any() for name in DIFFERENTIABLE)
+
+
 def test_bad_combine_is_refused_before_any_work():
     q = torch.randn(1, 2, 5, 4)
     with pytest.raises(ValueError, match=r"combine='sum' is not valid: use one of \['gate', 'shared'\]"):
