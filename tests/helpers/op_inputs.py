@@ -52,3 +52,12 @@ def attention_inputs(
         drawn.append(key_padding(batch, k_len, padded_fraction, generator=generator, real_first_row=real_first_row,
                                  padded_last_row=padded_last_row).to(device))
     return tuple(drawn)
+
+
+def rows_with_gradient(length: int, kind: str) -> torch.Tensor:
+    """A bool (T,) of the tokens a loss reads (the other rows' output gradients 0): ``"first"`` the first alone (an
+    encoder's last layer under a pooler that reads [CLS]); ``"scattered"`` tokens 0, 3 and 7 and, in a second tile
+    of 256 queries, 280 (rows without a gradient before, between and after rows with one)."""
+    rows = torch.zeros(length, dtype=torch.bool)
+    rows[[i for i in ((0,) if kind == "first" else (0, 3, 7, 280)) if i < length]] = True
+    return rows

@@ -24,7 +24,7 @@ from tests.helpers.comparisons import (
     relative_error,
 )
 from tests.helpers.memory import LargestTensor
-from tests.helpers.op_inputs import key_padding
+from tests.helpers.op_inputs import key_padding, rows_with_gradient
 
 
 def sliced_local_window(
@@ -108,6 +108,24 @@ def test_matches_reference(batch, heads, slices, length, dim, window, affine, pa
     assert out.shape == (batch, heads, length, dim) and out.dtype == dtype
     if padded:
         assert (out[-1] == 0).all()  # a sequence with no real key: no window key, D = 0
+
+
+@pytest.mark.parametrize("length,dim", [(37, 8), (40, 32)], ids=["T37", "D32"])
+@pytest.mark.parametrize("rows", ["first", "scattered"])
+@pytest.mark.parametrize("combine", WINDOW_COMBINES)
+def test_tokens_without_gradient(length, dim, rows, combine, window_implementation):
+    """A loss that reads some tokens only (a pooler's [CLS]): the reference's gradients in float64, and exact zeros
+    in dq on the tokens without a gradient, in float32 too (the kernel skips them)."""
+    selected = rows_with_gradient(length, rows)
+    options = {"window": 4, "combine": combine, "scaling": 0.6, "grad_rows": selected}
+    tensors = inputs(2, 2, 2, length, dim, combine=combine, bump=False, affine=True, padded=True,
+                     dtype=torch.float64, seed=12)
+    assert_matches_reference(sliced_local_window, local_window_reference, tensors,
+                             differentiable=differentiable(tensors), rtol=1e-10, grad_rtol=1e-10, **options)
+    for dtype in (torch.float32, torch.float64):
+        _, grads = op_output_and_input_grads(sliced_local_window, tensors, differentiable=differentiable(tensors),
+                                             dtype=dtype, **options)
+        assert (grads["query"][:, :, ~selected] == 0).all()
 
 
 @pytest.mark.parametrize("kernel", ["relu", "bump"])

@@ -16,7 +16,7 @@ from hf_sliced_attn.ops import _native, rela, rela_cpu
 from hf_sliced_attn.ops.naive import rela_reference, rela_weights_reference
 from tests.helpers.comparisons import assert_matches_reference, op_output_and_input_grads, relative_error
 from tests.helpers.native import requires_compiler
-from tests.helpers.op_inputs import key_padding
+from tests.helpers.op_inputs import key_padding, rows_with_gradient
 from tests.ops.test_sliced_relu_bump_cpu import TOLERANCES  # the CPU kernels' tolerances by dtype
 
 pytestmark = requires_compiler
@@ -99,6 +99,22 @@ def test_the_kernel_returns_the_normaliser_with_its_gradient(case):
     expected_grads = torch.autograd.grad((expected * probe).sum(), (q, k))
     for grad, expected_grad in zip(grads, expected_grads, strict=True):
         assert relative_error(grad, expected_grad) <= grad_rtol
+
+
+@pytest.mark.parametrize("rows", ["first", "scattered"])
+@pytest.mark.parametrize("case", _params([CASES[2], CASES[4], CASES[5], CASES[8]]))
+def test_rows_without_gradient(case, rows):
+    """A loss that reads some query rows only: the reference's gradients, and exact zeros in dq on the rows
+    without a gradient (the backward trims each query tile to the span of the rows with one, and skips a tile
+    with none)."""
+    tensors = _inputs(case, padded=True, seed=6)
+    selected = rows_with_gradient(case[2], rows)
+    rtol, grad_rtol = TOLERANCES[case[-1]]
+    assert_matches_reference(rela, rela_reference, tensors, differentiable=QKV, rtol=rtol, grad_rtol=grad_rtol,
+                             grad_rows=selected, scaling=0.3, sliding_window=case[5])
+    _, grads = op_output_and_input_grads(rela, tensors, differentiable=QKV, grad_rows=selected,
+                                         sliding_window=case[5])
+    assert (grads["query"][:, :, ~selected] == 0).all()
 
 
 @pytest.mark.parametrize("case", _params(HALF_CASES))

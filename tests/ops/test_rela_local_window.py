@@ -18,7 +18,7 @@ from hf_sliced_attn.ops import (
 )
 from hf_sliced_attn.ops.naive import rela_local_window_reference, rela_reference, rela_weights_reference
 from tests.helpers.comparisons import assert_matches_reference, op_output_and_input_grads, relative_error
-from tests.helpers.op_inputs import key_padding
+from tests.helpers.op_inputs import key_padding, rows_with_gradient
 
 
 def inputs(batch: int, heads: int, length: int, dim: int, *, combine: str, padded: bool,
@@ -68,6 +68,24 @@ def test_matches_reference(batch, heads, length, dim, window, padded, combine, d
     assert out.shape == (batch, heads, length, dim) and out.dtype == dtype
     if padded:
         assert (out[-1] == 0).all()  # a sequence with no real key: no window key, D = 0
+
+
+@pytest.mark.parametrize("length,dim", [(300, 8), (40, 32)], ids=["T300", "D32"])
+@pytest.mark.parametrize("rows", ["first", "scattered"])
+@pytest.mark.parametrize("combine", WINDOW_COMBINES)
+def test_tokens_without_gradient(length, dim, rows, combine, window_implementation):
+    """A loss that reads some tokens only (a pooler's [CLS]): the reference's gradients in float64 (in float32 the
+    norm's gate gradient, summed over so few tokens, cancels to the rounding's scale), and exact zeros in dq on the
+    tokens without a gradient, in float32 too (the kernels skip them)."""
+    selected = rows_with_gradient(length, rows)
+    options = {"window": 4, "combine": combine, "scaling": 0.6, "grad_rows": selected}
+    tensors = inputs(2, 2, length, dim, combine=combine, padded=True, dtype=torch.float64, seed=11)
+    assert_matches_reference(rela_local_window_attention, rela_local_window_reference, tensors,
+                             differentiable=DIFFERENTIABLE, rtol=1e-10, grad_rtol=1e-10, **options)
+    for dtype in (torch.float32, torch.float64):
+        _, grads = op_output_and_input_grads(rela_local_window_attention, tensors, differentiable=DIFFERENTIABLE,
+                                             dtype=dtype, **options)
+        assert (grads["query"][:, :, ~selected] == 0).all()
 
 
 @pytest.mark.parametrize("combine", WINDOW_COMBINES)

@@ -31,6 +31,10 @@
 // A given window's backward stops before its last line: it gives dlocal_h and shift_h = dlse_h - dlocal_h .
 // local_h, from which ReLA's backward adds the window's dS into its own (rela_cpu.cpp).
 //
+// A token whose G_h are 0 for every head gives 0 for each of its gradients (exact for finite inputs), written
+// without recomputing the token: in a fine-tuned encoder, the tokens of a sequence's padding, and all but the
+// token a pooler reads ([CLS]) in the last layer.
+//
 // Everything of a token is recomputed in the backward from the inputs (a window of a few keys costs less
 // to recompute than to store). The backward's first pass goes over the queries and keeps, per (group,
 // query, offset j - i + w), the coefficients dS and alpha p; its second pass goes over the keys and gathers
@@ -262,6 +266,36 @@ struct ParameterSums {
   }
 };
 
+// Whether token i of batch b has no gradient: G_h = 0 for every head h.
+template <typename Scalar>
+bool without_gradient(const Shape& shape, Rows<const Scalar> grad_out, Index b, Index i) {
+  for (Index h = 0; h < shape.heads; ++h) {
+    const Scalar* G = grad_out.at(b, h, i);
+    if (std::any_of(G, G + shape.dim, [](Scalar x) { return x != Scalar(0); })) return false;
+  }
+  return true;
+}
+
+// The gradients of a token without one, all 0: dx, dden and, with a computed window, dq and the coefficients; with
+// a given one, dlocal and shift.
+template <typename Scalar>
+void zero_token(const Shape& shape, const Gradients<Scalar>& g, Index b, Index i, Scalar* coef_s, Scalar* coef_p) {
+  const Index D = shape.dim, span = shape.span();
+  for (Index h = 0; h < shape.heads; ++h) {
+    const Index at = (b * shape.heads + h) * shape.length + i;
+    g.dden[at] = Scalar(0);
+    std::fill(g.dx.at(b, h, i), g.dx.at(b, h, i) + D, Scalar(0));
+    if (shape.given) {
+      std::fill(g.dlocal.at(b, h, i), g.dlocal.at(b, h, i) + D, Scalar(0));
+      g.shift[at] = Scalar(0);
+    } else {
+      std::fill(g.dq.at(b, h, i), g.dq.at(b, h, i) + D, Scalar(0));
+      std::fill(coef_s + at * span, coef_s + (at + 1) * span, Scalar(0));
+      std::fill(coef_p + at * span, coef_p + (at + 1) * span, Scalar(0));
+    }
+  }
+}
+
 // The backward's first pass over the queries [begin, end): dx, dden, the parameters' sums and, with a computed
 // window, dq and per (b, h, i, offset) the coefficients dS and alpha p for the keys' pass; with a given one,
 // dlocal and shift.
@@ -279,6 +313,10 @@ void backward_queries(const Shape& shape, const Inputs<Scalar>& in, Rows<const S
   Scalar *dscale = sums.dscale(), *dgate = dscale + F, *dmix = dgate + F;
   for (Index task = begin; task < end; ++task) {
     const Index b = task / T, i = task % T;
+    if (without_gradient(shape, grad_out, b, i)) {
+      zero_token(shape, g, b, i, coef_s, coef_p);
+      continue;
+    }
     token.compute(shape, in, b, i);
     const Index lo = std::max<Index>(0, i - w), hi = std::min(T, i + w + 1);
     const std::uint8_t* valid = in.valid + b * T;

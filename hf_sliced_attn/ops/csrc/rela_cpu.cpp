@@ -32,7 +32,10 @@
 // place through their token strides; the ReLU, the mask and dS are one pass over the tile. Key tiles
 // that the window or the padding masks entirely are skipped (exact: their weights are 0), and a
 // query tile's keys run from the first key its window reaches that is valid to the last such key (a
-// sequence padded on its end costs its real length).
+// sequence padded on its end costs its real length). In the backward, a query tile's rows shrink to the span from
+// the first to the last row that carries a gradient (rows_with_gradient): a row whose dO, dN (and dlocal, shift)
+// are all 0 adds nothing to dQ, dK or dV, and gets dQ = 0. In a fine-tuned encoder the queries of a sequence's
+// padding get no gradient, nor, under a pooler that reads one token ([CLS]), all but that token in the last layer.
 //
 // Threads: the forward shares (group, query tile) pairs out to torch's intra-op threads, the backward
 // groups (its dK and dV sum over a group's query tiles), each thread taking the next when it is
@@ -272,6 +275,25 @@ inline __attribute__((always_inline)) void add_window_scores(const Shape& s, Ind
   }
 }
 
+// The rows of a query tile [i0, i1) that carry a gradient: [first, last) from the first to the last row whose dO
+// (and, with the window, dlocal) row, dN (and shift) are not all 0; first = last when none does. A row without
+// one has a dS row of 0 (exact for finite inputs), so the tile's products and the window's terms run on the span.
+template <typename Scalar>
+struct GradientRows {
+  Index first, last;
+  GradientRows(Index i0, Index i1, Index D, const Rows<const Scalar>& grad_out, const Scalar* grad_total,
+               const Rows<const Scalar>& dlocal, const Scalar* shift)
+      : first(i0), last(i1) {
+    const auto carries = [&](Index i) {
+      const auto nonzero = [](Scalar x) { return x != Scalar(0); };
+      if (grad_total[i] != Scalar(0) || std::any_of(grad_out.row(i), grad_out.row(i) + D, nonzero)) return true;
+      return shift != nullptr && (shift[i] != Scalar(0) || std::any_of(dlocal.row(i), dlocal.row(i) + D, nonzero));
+    };
+    while (first < last && !carries(first)) ++first;
+    while (last > first && !carries(last - 1)) --last;
+  }
+};
+
 template <typename Scalar, Index kDim>
 void backward_group(const Shape& s, Index g, Scalar scaling, const Scalar* grad_out, const Scalar* grad_total,
                     const Scalar* q, const Scalar* k, const Scalar* v, const std::uint8_t* valid, Scalar* dq,
@@ -290,8 +312,14 @@ void backward_group(const Shape& s, Index g, Scalar scaling, const Scalar* grad_
   thread_local Workspace<Scalar> ws;
   ws.reset(true);
   Scalar *weights = ws.scores.data(), *grad = ws.grad.data();
-  for (Index i0 = 0; i0 < s.q_len; i0 += kQueryTile) {
-    const Index rows = std::min(kQueryTile, s.q_len - i0);
+  const Scalar* shift = s.band < 0 ? nullptr : band.shift + g * s.q_len;
+  for (Index tile = 0; tile < s.q_len; tile += kQueryTile) {
+    const Index end = std::min(tile + kQueryTile, s.q_len);
+    const GradientRows<Scalar> span(tile, end, D, gog, grad_total + g * s.q_len, dlocal, shift);
+    for (Index i = tile; i < end; ++i)
+      if (i < span.first || i >= span.last) std::fill(dqg.row(i), dqg.row(i) + D, Scalar(0));
+    if (span.first == span.last) continue;
+    const Index i0 = span.first, rows = span.last - span.first;
     const KeyRange keys(s, i0, i0 + rows, valid_row);
     bool written = false;
     for (Index j0 = keys.lo; j0 < keys.hi; j0 += kKeyTile) {
@@ -317,13 +345,13 @@ void backward_group(const Shape& s, Index g, Scalar scaling, const Scalar* grad_
     }
     if (!written)
       for (Index r = 0; r < rows; ++r) std::fill(dqg.row(i0 + r), dqg.row(i0 + r) + D, Scalar(0));
-  }
-  // The window's dV: dv_j += p_ij dlocal_i over the queries i that saw j.
-  for (Index i = 0; i < s.q_len && s.band >= 0; ++i) {
-    const Index lo = std::max<Index>(0, i - s.band), hi = std::min(s.k_len, i + s.band + 1);
-    const Scalar* p = band.p + (g * s.q_len + i) * s.span();
-    for (Index j = lo; j < hi; ++j)
-      if (p[j - i + s.band] != Scalar(0)) window_row::axpy(p[j - i + s.band], dlocal.row(i), dvg.row(j), D);
+    // The window's dV: dv_j += p_ij dlocal_i over the queries i that saw j.
+    for (Index i = i0; i < i0 + rows && s.band >= 0; ++i) {
+      const Index lo = std::max<Index>(0, i - s.band), hi = std::min(s.k_len, i + s.band + 1);
+      const Scalar* p = band.p + (g * s.q_len + i) * s.span();
+      for (Index j = lo; j < hi; ++j)
+        if (p[j - i + s.band] != Scalar(0)) window_row::axpy(p[j - i + s.band], dlocal.row(i), dvg.row(j), D);
+    }
   }
 }
 
