@@ -33,7 +33,7 @@
 // that the window or the padding masks entirely are skipped (exact: their weights are 0), and a
 // query tile's keys run from the first key its window reaches that is valid to the last such key (a
 // sequence padded on its end costs its real length). In the backward, a query tile's rows shrink to the span from
-// the first to the last row that carries a gradient (rows_with_gradient): a row whose dO, dN (and dlocal, shift)
+// the first to the last row that carries a gradient (GradientRows): a row whose dO, dN (and dlocal, shift)
 // are all 0 adds nothing to dQ, dK or dV, and gets dQ = 0. In a fine-tuned encoder the queries of a sequence's
 // padding get no gradient, nor, under a pooler that reads one token ([CLS]), all but that token in the last layer.
 //
