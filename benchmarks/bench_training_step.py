@@ -66,8 +66,8 @@ versions, CPU, threads and the 1-min load average at the start and end, and the 
 (:data:`BARS`, against ``sdpa_fused``), judged by the steps' paired ratios (``sdpa_fused``'s step / the contender's
 in the same round): their mean and 95% Student-t interval, and the interval's verdict, "met" (PASS) only when its
 lower end clears the bar, "not met" when its upper end is below it, else "not resolved" (rounds of one run share
-the machine's state, so the interval is that of one run: a second run checks it). The speed-ups in the time
-table are ratios of the medians.
+the machine's state, so the interval is that of one run: ``training_step_runs.py`` judges the bars across runs). The
+speed-ups in the time table are ratios of the medians.
 """
 
 from __future__ import annotations

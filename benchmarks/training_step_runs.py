@@ -50,8 +50,11 @@ def pooled_bars(runs: list[dict]) -> list[dict]:
     """Per bar measured by two runs or more: each run's paired ratio (mean, interval, verdict) and the interval
     of the runs' means with its verdict, in the benchmark's order of bars."""
     pooled = []
-    for index, bar in enumerate(runs[0]["bars"]):
-        measured = [(run["folder"], run["bars"][index]) for run in runs if run["bars"][index]["paired_ratio"]]
+    for bar in runs[0]["bars"]:
+        same = [(run["folder"], record) for run in runs for record in run["bars"]
+                if (record["contender"], record["shape"], record["required"]) == (bar["contender"], bar["shape"],
+                                                                                 bar["required"])]
+        measured = [(folder, record) for folder, record in same if record["paired_ratio"]]
         if len(measured) < 2:
             continue
         across = paired_interval(record["paired_ratio"]["mean"] for _, record in measured)
