@@ -47,6 +47,8 @@ def load_folder(folder: Path) -> dict[str, Any]:
     if not path.is_file():
         raise SystemExit(f"{path} does not exist: give folders that bench_long_range.py wrote (its --output)")
     entry = {"folder": str(folder), **json.loads(path.read_text())}
+    if "folders" in entry:
+        raise SystemExit(f"{path} is a pooled report (long_range_runs.py's): give the folders it pooled instead")
     entry["settings"] = {**vars(bench.parse_args([])), **entry["settings"]}
     return entry
 

@@ -95,5 +95,13 @@ def test_a_folder_without_results_or_a_single_folder_is_refused(whole_and_split,
     root, whole, _ = whole_and_split
     with pytest.raises(SystemExit, match="long_range.json does not exist: give folders that bench_long_range.py"):
         pool.main([str(whole), str(tmp_path), "--output", str(tmp_path / "pooled")])
-    with pytest.raises(SystemExit):
+    with pytest.raises(SystemExit) as single:
         pool.main([str(whole), "--output", str(tmp_path / "pooled")])
+    assert single.value.code == 2  # argparse's usage error
+
+
+def test_a_pooled_report_is_refused_as_an_input(whole_and_split, tmp_path):
+    root, _, split = whole_and_split
+    assert pool.main([str(split[0]), str(split[1]), "--output", str(tmp_path / "pooled")]) == 0
+    with pytest.raises(SystemExit, match=r"pooled.long_range.json is a pooled report .*: give the folders it pooled"):
+        pool.main([str(split[2]), str(tmp_path / "pooled"), "--output", str(tmp_path / "again")])
