@@ -125,17 +125,19 @@ def test_no_keys_or_no_queries(slices, q_len, k_len):
 
 
 @pytest.mark.parametrize("slices", [None, 3])
-def test_ties(slices):
-    """Integer scalars with many repeats, queries tied with keys; ties contribute 0.
+@pytest.mark.parametrize("q_len,k_len", [(40, 50), (100, 130)])
+def test_ties(slices, q_len, k_len):
+    """Integer scalars with many repeats, queries tied with keys; ties contribute 0. The lengths take
+    the CPU kernel's insertion sort (up to 64 scalars) and its radix sort (more).
 
     ReLU and |.| have no derivative at a tie, so only the value gradient is compared."""
     generator = torch.Generator().manual_seed(3)
     lead = (2, 3) if slices is None else (2, 3, slices)
-    s = torch.randint(-3, 4, (*lead, 40), generator=generator).float()
-    t = torch.randint(-3, 4, (*lead, 50), generator=generator).float()
-    v = torch.randn(2, 3, 50, 6, generator=generator)
+    s = torch.randint(-3, 4, (*lead, q_len), generator=generator).float()
+    t = torch.randint(-3, 4, (*lead, k_len), generator=generator).float()
+    v = torch.randn(2, 3, k_len, 6, generator=generator)
     assert_matches_reference(
-        sliced_relu, sliced_relu_reference, _tensors(s, t, v, key_padding(2, 50, 0.3, padded_last_row=True)),
+        sliced_relu, sliced_relu_reference, _tensors(s, t, v, key_padding(2, k_len, 0.3, padded_last_row=True)),
         differentiable=("value",), rtol=1e-5, grad_rtol=1e-5,
     )
 

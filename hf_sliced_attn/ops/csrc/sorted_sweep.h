@@ -121,6 +121,7 @@ struct RadixSort {
   void run() {
     const Index n = static_cast<Index>(keys.size());
     if (n < 2) return;
+    if (n <= kInsertionMax) return insertion();
     Index counts[8][256] = {};
     for (std::uint64_t k : keys)
       for (int byte = 0; byte < 8; ++byte) ++counts[byte][(k >> (8 * byte)) & 255];
@@ -136,6 +137,27 @@ struct RadixSort {
       }
       keys.swap(keys_swap);
       index.swap(index_swap);
+    }
+  }
+
+ private:
+  // Up to this many keys an insertion sort is faster: the radix passes cost 8 x 256 counters and a
+  // 256-digit scan per byte whatever n is, several times the sort itself on a sentence's tokens.
+  static constexpr Index kInsertionMax = 64;
+
+  // Stable, like the radix passes: equal keys keep their input order.
+  void insertion() {
+    const Index n = static_cast<Index>(keys.size());
+    for (Index k = 1; k < n; ++k) {
+      const std::uint64_t key = keys[k];
+      const std::int32_t at = index[k];
+      Index to = k;
+      for (; to > 0 && keys[to - 1] > key; --to) {
+        keys[to] = keys[to - 1];
+        index[to] = index[to - 1];
+      }
+      keys[to] = key;
+      index[to] = at;
     }
   }
 };
