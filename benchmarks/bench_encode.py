@@ -32,6 +32,7 @@ from __future__ import annotations
 import argparse
 import copy
 import csv
+import json
 import os
 import sys
 from collections.abc import Callable
@@ -109,14 +110,20 @@ def measure(models: dict[str, SentenceTransformer], texts: list[str], batch_size
     return interleaved({name: encode(model, texts, batch_size) for name, model in models.items()}, rounds, label)
 
 
+def attention_options(model: SentenceTransformer) -> dict:
+    """The plugin's options a converted encoder runs (its config's ``hf_sliced_attn``: mechanism, layers and
+    options), as ``config.json`` saves them."""
+    return dict(model[0].auto_model.config.hf_sliced_attn)
+
+
 def report(run: Run, args: argparse.Namespace, cases: dict[str, tuple[int, dict[str, Point]]],
-           layers: dict[str, list[int]]) -> str:
+           attention: dict[str, dict]) -> str:
     names = [n for n in CONTENDERS if n != BASELINE]
     lines = ["# Embedding throughput: sentence-transformers `encode`, all-MiniLM-L6-v2 and its conversions", "",
              run.header(), "",
              f"Median of {args.rounds} timed rounds after a warm-up, contenders taking turns; eval mode, "
-             "`torch.inference_mode`. Layers on the plugin's attention: "
-             + "; ".join(f"{n} {layers[n]}" for n in names) + " (the convert defaults' count).", "",
+             "`torch.inference_mode`. The converted models' attention (the convert defaults, as config.json saves "
+             "it): " + "; ".join(f"`{json.dumps(attention[n])}`" for n in names) + ".", "",
              "| inputs | " + " | ".join(f"{n} (sentences/s)" for n in CONTENDERS) + " | "
              + " | ".join(f"{n} / {BASELINE}" for n in names) + " |",
              "|---|" + "---:|" * (len(CONTENDERS) + len(names))]
@@ -140,6 +147,7 @@ def main(argv: list[str] | None = None) -> int:
     run = Run(Path(__file__).name, argv)
     built = {name: encoder(name) for name in CONTENDERS}
     models, layers = {n: m for n, (m, _) in built.items()}, {n: l for n, (_, l) in built.items()}
+    attention = {n: attention_options(models[n]) for n in CONTENDERS if n != BASELINE}
     short = short_sentences(args.sentences)
     cases = {f"short sentences, batch {SHORT_BATCH}": (len(short), measure(models, short, SHORT_BATCH, args.rounds,
                                                                             "short"))}
@@ -149,13 +157,14 @@ def main(argv: list[str] | None = None) -> int:
     cases[f"{LONG_TOKENS} tokens, batch {LONG_BATCH}"] = (len(long), measure(models, long, LONG_BATCH, args.rounds,
                                                                              "long"))
     run.finish()
-    markdown = report(run, args, cases, layers)
+    markdown = report(run, args, cases, attention)
     print("\n" + markdown)
     results = [{"inputs": case, "contender": name, "texts": count, "median_s": point.seconds, "round_s": point.runs,
                 "sentences_per_s": count / point.seconds} for case, (count, points) in cases.items()
                for name, point in points.items()]
     write_results(args.output, "encode", markdown,
-                  {"environment": run.record(), "layers": layers, "rounds": args.rounds, "results": results})
+                  {"environment": run.record(), "layers": layers, "attention": attention, "rounds": args.rounds,
+                   "results": results})
     return 0
 
 

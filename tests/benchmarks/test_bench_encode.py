@@ -1,12 +1,14 @@
 """benchmarks/bench_encode.py at a tiny size: every contender encodes both kinds of input, the converted models run
-the plugin's attention on the layers the convert defaults convert, and they keep the original's modules and
-embedding size."""
+the plugin's attention with the convert defaults' options on the layers they convert (both recorded), and they keep
+the original's modules and embedding size."""
 
 from __future__ import annotations
 
 import json
 
 import pytest
+
+import hf_sliced_attn
 
 pytest.importorskip("sentence_transformers")
 
@@ -27,7 +29,12 @@ def test_every_contender_encodes_short_and_long_inputs(tmp_path):
         keep = resolve_transfer_config(name, "convert", {}, converted_layers=6, layers_listed=False,
                                        has_local_layers=False).keep_softmax_layers
         assert record["layers"][name] == list(range(keep, 6))
-    assert "| 512 tokens, batch 8 |" in (tmp_path / "encode.md").read_text()
+        options = hf_sliced_attn.MECHANISMS[name].conversion_options("convert")
+        attention = record["attention"][name]
+        assert attention["mechanism"] == name and attention["layers"] == record["layers"][name]
+        assert options.items() <= attention.items()
+    markdown = (tmp_path / "encode.md").read_text()
+    assert "| 512 tokens, batch 8 |" in markdown and json.dumps(record["attention"]["sliced_relu"]) in markdown
 
 
 @pytest.mark.parametrize("name", ["sliced_relu", "rela"])
