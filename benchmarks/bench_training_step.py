@@ -42,7 +42,12 @@ user starts fine-tuning. Contenders:
   other contenders, so ``sdpa_fused``'s time / its time bounds the speed-up of any attention that projects
   queries and keys (Amdahl's law): ``sliced_relu_converted`` and ``rela`` here. Plain ``sliced_relu`` folds its
   projection into the query and key layers and skips most of their cost (:data:`FOLDS_QUERY_AND_KEY`), so
-  it is not bounded by this ceiling and can sit above it.
+  it is not bounded by this ceiling and can sit above it;
+* ``attention_free_no_qk``: the ceiling of every attention: the same, and the query and key layers removed (each
+  returns a constant zero of q's shape, with no parameters, no product and no gradient), so that the step keeps
+  only what no attention changes: the value and output layers, the feed-forward layers, layer norms, dropout and
+  the optimiser. ``sdpa_fused``'s time / its time bounds the speed-up of any attention on this model, plain
+  ``sliced_relu`` included (its folded layers still form (H·M)-wide products and keep W_q and W_k).
 
 The model is in ``train()`` mode with its config's dropouts (hidden 0.1; attention-probability
 dropout only exists for softmax, and ``sdpa_fused`` sets it to 0), optimised by ``torch.optim.AdamW(lr=1e-5)``. A
@@ -117,6 +122,8 @@ class Contender:
     implementation: str
     options: dict[str, Any] = field(default_factory=dict)
     config: dict[str, Any] = field(default_factory=dict)
+    free_query_key: bool = False
+    """The query and key layers replaced by :class:`FreeProjection` (the ceiling of every attention)."""
 
 
 CONVERTED = {"num_slices": 4, "projection": "mlp", "affine_output": True}
@@ -134,6 +141,8 @@ CONTENDERS: dict[str, Contender] = {
     "rela": Contender("rela"),
     "rela_window4": Contender("rela", {"local_window": 4}),
     "attention_free": Contender("attention_free", config={"attention_probs_dropout_prob": 0.0}),
+    "attention_free_no_qk": Contender("attention_free", config={"attention_probs_dropout_prob": 0.0},
+                                      free_query_key=True),
 }
 """Column name -> its :class:`Contender`."""
 BASELINES = ("sdpa_fused", "sdpa")
@@ -143,6 +152,30 @@ CEILING = "attention_free"
 """The contender that bounds the speed-up of every attention that projects q and k (see the module docstring)."""
 FOLDS_QUERY_AND_KEY = frozenset({"sliced_relu"})
 """Contenders that skip most of the query and key layers' cost, so the ceiling does not bound them."""
+CEILING_ANY = "attention_free_no_qk"
+"""The contender that bounds the speed-up of every attention, :data:`FOLDS_QUERY_AND_KEY` included."""
+
+
+class FreeProjection(torch.nn.Module):
+    """A query or key layer that costs nothing: (..., F) -> a constant zero (..., out_features), expanded from one
+    element (no parameters, no product, nothing to differentiate)."""
+
+    def __init__(self, out_features: int) -> None:
+        super().__init__()
+        self.out_features = out_features
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        return hidden_states.new_zeros(()).expand(*hidden_states.shape[:-1], self.out_features)
+
+
+def remove_query_and_key(model: torch.nn.Module) -> int:
+    """Replace every self-attention's ``query`` and ``key`` layers by :class:`FreeProjection`; how many were."""
+    layers = [module for module in model.modules()
+              if isinstance(getattr(module, "query", None), torch.nn.Linear)
+              and isinstance(getattr(module, "key", None), torch.nn.Linear)]
+    for module in layers:
+        module.query, module.key = (FreeProjection(module.query.out_features), FreeProjection(module.key.out_features))
+    return len(layers)
 
 
 def attention_free(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
@@ -190,6 +223,8 @@ def build_model(name: str) -> torch.nn.Module:
     for key, value in contender.config.items():
         if getattr(model.config, key) != value:
             raise RuntimeError(f"{name}: asked for {key}={value!r}, the model has {getattr(model.config, key)!r}")
+    if contender.free_query_key and remove_query_and_key(model) != model.config.num_hidden_layers:
+        raise RuntimeError(f"{name}: not every layer's query and key layers were found to remove")
     return model.train()
 
 
@@ -301,23 +336,39 @@ def paired_lines(times: dict[str, dict[str, Point]]) -> list[str]:
             "", "| bar | paired ratio | required | verdict of the interval |", "|---|---:|---:|---|", *rows]
 
 
+CEILINGS = {
+    CEILING: ("an attention that costs nothing, q and k still projected",
+              f"every contender that projects q and k; not {', '.join(sorted(FOLDS_QUERY_AND_KEY))}, which folds its "
+              "projection into the query and key layers", FOLDS_QUERY_AND_KEY),
+    CEILING_ANY: ("an attention that costs nothing, no query or key layer at all", "every attention", frozenset()),
+}
+"""Ceiling -> (what it is, what it bounds, the contenders it does not bound)."""
+
+
 def ceiling_lines(times: dict[str, dict[str, Point]]) -> list[str]:
-    """The ceiling's speed-up per shape, and which bars of contenders it bounds lie above it (those cannot be met
-    on this model and machine)."""
-    lines = [f"## Ceiling: `{CEILING}` (an attention that costs nothing, q and k still projected)", "",
-             f"It bounds every contender that projects q and k; not {', '.join(sorted(FOLDS_QUERY_AND_KEY))}, "
-             "which folds its projection into the query and key layers.", ""]
-    for shape in times:
-        ceiling = speedup(times, CEILING, shape)
-        if ceiling is None:
-            continue
-        bounded = [(name, threshold) for name, (batch, length), threshold in BARS
-                   if f"{batch}x{length}" == shape and name not in FOLDS_QUERY_AND_KEY]
-        above = [f"{name} ≥ {threshold:g}×" for name, threshold in bounded if threshold > ceiling]
-        verdict = (f"bars above it: {', '.join(above)}; no attention that projects q and k can meet them here"
-                   if above else "the bars it bounds lie below it" if bounded else "it bounds no bar at this shape")
-        lines.append(f"- {shape}: {BASELINES[0]} / {CEILING} = {fmt_ratio(ceiling)}; {verdict}.")
-    return lines
+    """Each measured ceiling's speed-up per shape, and which bars of the contenders it bounds lie above it (those
+    cannot be met on this model and machine): above the upper end of the ceiling's paired 95% interval, or above its
+    ratio of medians where it ran one round."""
+    lines = []
+    for ceiling, (what, bounds, exempt) in CEILINGS.items():
+        rows = []
+        for shape, points in times.items():
+            speed = speedup(times, ceiling, shape)
+            if speed is None:
+                continue
+            interval = paired_ratios(times, ceiling, shape) if points[ceiling].runs else None
+            limit = speed if interval is None or interval.high is None else interval.high
+            bounded = [(name, threshold) for name, (batch, length), threshold in BARS
+                       if f"{batch}x{length}" == shape and name not in exempt]
+            above = [f"{name} ≥ {threshold:g}×" for name, threshold in bounded if threshold > limit]
+            who = "no attention that projects q and k" if exempt else "no attention"
+            verdict = (f"bars above it: {', '.join(above)}; {who} can meet them here" if above
+                       else "the bars it bounds do not lie above it" if bounded else "it bounds no bar at this shape")
+            paired = "" if interval is None else f" (paired per round: {interval.describe('.3f')})"
+            rows.append(f"- {shape}: {BASELINES[0]} / {ceiling} = {fmt_ratio(speed)}{paired}; {verdict}.")
+        if rows:
+            lines += [f"## Ceiling: `{ceiling}` ({what})", "", f"It bounds {bounds}.", "", *rows, ""]
+    return lines[:-1]
 
 
 def parse_arguments(description: str, argv: list[str] | None, count: tuple[str, int, str],

@@ -1,5 +1,5 @@
-"""benchmarks/bench_training_step.py: every contender (the attention-free ceiling included) takes a step at a tiny
-size and runs what it claims, and the report names the bars that lie above the ceiling."""
+"""benchmarks/bench_training_step.py: every contender (the attention-free ceilings included) takes a step at a tiny
+size and runs what it claims, and the report names the bars that lie above each ceiling."""
 
 from __future__ import annotations
 
@@ -17,7 +17,9 @@ def test_every_contender_takes_a_step(tmp_path):
     record = json.loads((tmp_path / "training_step.json").read_text())
     assert {r["contender"] for r in record["results"]} == set(bench.CONTENDERS)
     assert all(r["median_s"] > 0 for r in record["results"])
-    assert "- 2x16: sdpa_fused / attention_free = " in (tmp_path / "training_step.md").read_text()
+    markdown = (tmp_path / "training_step.md").read_text()
+    assert "- 2x16: sdpa_fused / attention_free = " in markdown
+    assert "- 2x16: sdpa_fused / attention_free_no_qk = " in markdown
 
 
 def test_a_subset_of_contenders_is_measured_beside_both_baselines(tmp_path):
@@ -49,6 +51,19 @@ def test_a_contender_runs_its_attention(name):
         assert windows == ["window4" in name] * len(windows)
 
 
+def test_the_ceiling_of_every_attention_has_no_query_or_key_layer():
+    model = bench.build_model("attention_free_no_qk")
+    layers = [layer.attention.self for layer in model.bert.encoder.layer]
+    assert all(isinstance(layer.query, bench.FreeProjection) and isinstance(layer.key, bench.FreeProjection)
+               for layer in layers)
+    assert not any(".query." in name or ".key." in name for name, _ in model.named_parameters())
+    hidden = bench.torch.randn(2, 5, model.config.hidden_size)
+    assert bench.torch.equal(layers[0].query(hidden), bench.torch.zeros(2, 5, model.config.hidden_size))
+    batch = bench.make_batch(2, 8, model.config.vocab_size, model.config.pad_token_id)
+    model(**batch).loss.backward()
+    assert all(parameter.grad is not None for parameter in model.parameters())
+
+
 def test_the_ceiling_attention_returns_each_tokens_value():
     value = bench.torch.randn(2, 3, 5, 4)
     out, weights = bench.attention_free(None, value + 1, value - 1, value, None)
@@ -62,12 +77,33 @@ def test_bars_above_the_ceiling_are_named():
 
     lines = bench.ceiling_lines({"32x128": points(2.0), "8x512": points(1.6), "4x32": points(2.9)})
     by_shape = {line.split(":")[0].lstrip("- "): line for line in lines if line.startswith("- ")}
-    assert "the bars it bounds lie below it" in by_shape["32x128"]  # ceiling 1.5 clears converted's 1.1
+    assert "the bars it bounds do not lie above it" in by_shape["32x128"]  # ceiling 1.5 clears converted's 1.1
     assert "sliced_relu_converted ≥ 1.7×" not in by_shape["8x512"]  # ceiling 1.875 clears 1.7
     assert "sliced_relu_converted ≥ 1.1×" in bench.ceiling_lines({"32x128": points(2.9)})[-1]  # ceiling 1.03
     # Plain sliced_relu folds q and k away: its bar (2x at 8x512) is not bounded by a 1.875x ceiling.
     assert "sliced_relu ≥ 2×" not in by_shape["8x512"]
     assert "it bounds no bar at this shape" in by_shape["4x32"]
+
+
+def test_the_ceiling_of_every_attention_bounds_plain_sliced_relu_too():
+    points = {"sdpa_fused": Point(3.0), bench.CEILING: Point(2.0), bench.CEILING_ANY: Point(1.8)}
+    lines = bench.ceiling_lines({"8x512": points})
+    (projects, any_attention) = [line for line in lines if line.startswith("- 8x512")]
+    assert "sliced_relu ≥ 2×" not in projects and "no attention that projects q and k" in projects
+    assert "sliced_relu ≥ 2×" in any_attention and "sliced_relu_converted ≥ 1.7×" in any_attention
+    assert "; no attention can meet them here" in any_attention
+    assert lines.index(f"## Ceiling: `{bench.CEILING_ANY}` (an attention that costs nothing, no query or key layer "
+                       "at all)") > lines.index(projects)
+
+
+def test_a_bar_is_above_a_ceiling_only_above_its_interval():
+    """Medians 3.0 / 1.9 = 1.58 put a 1.7 bar above the ceiling; the rounds' paired ratios reach 1.8, so they do not."""
+    rounds = {"sdpa_fused": Point(3.0, [3.0, 3.6, 2.4, 3.0]), bench.CEILING: Point(1.9, [1.9, 1.9, 1.9, 1.9])}
+    (line,) = [line for line in bench.ceiling_lines({"8x512": rounds}) if line.startswith("- 8x512")]
+    assert "paired per round: 1.579 [" in line and "sliced_relu_converted ≥ 1.7×" not in line
+    steady = {"sdpa_fused": Point(3.0, [3.0] * 4), bench.CEILING: Point(1.9, [1.9] * 4)}
+    (line,) = [line for line in bench.ceiling_lines({"8x512": steady}) if line.startswith("- 8x512")]
+    assert "bars above it: sliced_relu_converted ≥ 1.7×" in line
 
 
 def test_a_bar_is_judged_by_its_interval_not_by_the_medians():
