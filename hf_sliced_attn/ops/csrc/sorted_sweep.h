@@ -96,7 +96,8 @@ struct ValidKeys {
 
 // Sorts n doubles, carrying an int32 index each: an LSD radix sort on order-preserving 64-bit
 // keys, one byte a pass, skipping the bytes that all keys share (the low mantissa bytes of
-// float32 values, the sign and exponent bytes of values of one scale).
+// float32 values, the sign and exponent bytes of values of one scale); up to kInsertionMax keys
+// (a sentence's tokens) an insertion sort on the same keys. Both are stable.
 struct RadixSort {
   std::vector<std::uint64_t> keys, keys_swap;
   std::vector<std::int32_t> index, index_swap;
