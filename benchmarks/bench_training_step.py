@@ -303,7 +303,8 @@ def report(run: Run, steps: int, times: dict[str, dict[str, Point]]) -> tuple[st
     bars = [Bar(f"{name} at {batch}×{length}: {BASELINES[0]} step / {name} step, paired by round: the 95% interval's "
                 "lower end", interval_low(times, name, f"{batch}x{length}"), threshold, True)
             for name, (batch, length), threshold in BARS]
-    return "\n".join([*lines, "", bars_table(bars), *paired_lines(times), "", *ceiling_lines(times)]), bars
+    return "\n".join([*lines, *paired_table(times), "", bars_table(bars), *paired_lines(times), "",
+                      *ceiling_lines(times)]), bars
 
 
 def paired_ratios(times: dict[str, dict[str, Point]], name: str, shape: str) -> PairedInterval | None:
@@ -320,6 +321,18 @@ def interval_low(times: dict[str, dict[str, Point]], name: str, shape: str) -> f
     """The lower end of :func:`paired_ratios`' interval: what a bar is judged by (None: not measured, or one round)."""
     interval = paired_ratios(times, name, shape)
     return None if interval is None else interval.low
+
+
+def paired_table(times: dict[str, dict[str, Point]]) -> list[str]:
+    """Every contender's paired per-step ratio to ``sdpa_fused`` at every shape, mean and 95% interval (the shapes
+    and contenders that ran at least one timed round)."""
+    rows = [f"| {shape} | {name} | {paired_ratios(times, name, shape).describe('.3f')} |"
+            for shape, points in times.items() for name, point in points.items()
+            if name != BASELINES[0] and point.runs and points.get(BASELINES[0], Point(0.0)).runs]
+    if not rows:
+        return []
+    return ["", f"## Every contender, paired per round ({BASELINES[0]}'s step / the contender's, same round)", "",
+            "| B×T | contender | paired ratio, mean [95% interval] |", "|---|---|---:|", *rows]
 
 
 def paired_lines(times: dict[str, dict[str, Point]]) -> list[str]:

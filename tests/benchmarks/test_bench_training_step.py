@@ -19,6 +19,7 @@ def test_every_contender_takes_a_step(tmp_path):
     assert all(r["median_s"] > 0 for r in record["results"])
     markdown = (tmp_path / "training_step.md").read_text()
     assert "- 2x16: sdpa_fused / attention_free = " in markdown
+    assert all(f"| 2x16 | {name} | " in markdown for name in bench.CONTENDERS if name != "sdpa_fused")
     assert "- 2x16: sdpa_fused / attention_free_no_qk = " in markdown
 
 
@@ -49,6 +50,16 @@ def test_a_contender_runs_its_attention(name):
         assert modes == ["sliced_relu" if i in converted else "softmax" for i in range(6)]
         windows = [hasattr(layer.attention.self, "sliced_window_share") for layer in model.bert.encoder.layer]
         assert windows == ["window4" in name] * len(windows)
+
+
+def test_every_contender_is_paired_with_the_fused_baseline_round_by_round():
+    times = {"32x32": {"sdpa_fused": Point(1.0, [1.0, 1.2, 0.8]), "sdpa": Point(1.1, [1.1, 1.2, 0.9]),
+                       "rela_window4": Point(1.25, [1.25, 1.5, 1.0])}}
+    lines = bench.paired_table(times)
+    assert "| 32x32 | rela_window4 | 0.800 [0.800, 0.800] (n=3) |" in lines
+    assert not any("| sdpa_fused |" in line for line in lines)
+    assert [line for line in lines if line.startswith("| 32x32 | sdpa |")][0].startswith("| 32x32 | sdpa | 0.9")
+    assert bench.paired_table({"32x32": {"sdpa_fused": Point(1.0), "sdpa": Point(1.1)}}) == []
 
 
 def test_the_ceiling_of_every_attention_has_no_query_or_key_layer():
