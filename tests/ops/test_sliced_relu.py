@@ -142,6 +142,27 @@ def test_ties(slices, q_len, k_len):
     )
 
 
+@pytest.mark.parametrize("layout", ["spread", "outlier", "signed_zeros"])
+def test_every_sort_of_the_kernel(layout):
+    """200 scalars per slice, sorted by the CPU kernel's bucket sort ("spread": normal scalars) or, where the
+    buckets would fill unevenly, its radix passes ("outlier": one scalar 1e6 away from a cluster; "signed_zeros":
+    +0 and -0 beside two values, all ties); the same order and results either way."""
+    generator = torch.Generator().manual_seed(5)
+    s, t, v = attention_inputs(2, 3, 2, 200, 200, 4, seed=5)
+    if layout == "outlier":
+        s, t = s * 1e-3, t * 1e-3
+        s[..., 7], t[..., 11] = 1e6, -1e6
+    if layout == "signed_zeros":
+        choices = torch.tensor([0.0, -0.0, 1.0, -1.0])
+        s = choices[torch.randint(0, 4, s.shape, generator=generator)]
+        t = choices[torch.randint(0, 4, t.shape, generator=generator)]
+    differentiable = SCALARS_AND_VALUE if layout == "spread" else ("value",)  # ties: no scalar derivative
+    assert_matches_reference(
+        sliced_relu, sliced_relu_reference, _tensors(s, t, v, key_padding(2, 200, 0.3, padded_last_row=True)),
+        differentiable=differentiable, rtol=1e-5, grad_rtol=1e-5,
+    )
+
+
 def test_all_keys_equal_gives_zero():
     s = torch.tensor([[[0.5, 2.0, 2.0, 3.0]]])
     t = torch.full((1, 1, 5), 2.0)
