@@ -91,6 +91,40 @@ def test_non_contiguous_inputs():
 
 
 @requires_compiler
+@pytest.mark.parametrize("length", [40, 200, 1000])
+@pytest.mark.parametrize("layout", ["normal", "extreme", "ties"])
+def test_the_saved_orders_sort_the_scalars(length, layout):
+    """The orders the forward saves are the stable ascending orders of the valid keys (then the padded keys) and of
+    the queries, whichever sort ran (insertion up to 64 scalars, buckets up to 512 unless they cluster, radix passes):
+    for normal scalars, for float64 scalars whose range (+-1e308) overflows, and for ties with signed zeros."""
+    generator = torch.Generator().manual_seed(length)
+    s = torch.randn(2, 3, 2, length, dtype=torch.float64, generator=generator)
+    t = torch.randn(2, 3, 2, length, dtype=torch.float64, generator=generator)
+    if layout == "extreme":  # one scalar at each end: the range overflows, the sums (the centre) do not
+        s[..., 3], s[..., 5], t[..., 2], t[..., 6] = 1e308, -1e308, -1e308, 1e308
+    if layout == "ties":
+        choices = torch.tensor([0.0, -0.0, 1.0], dtype=torch.float64)
+        s, t = (choices[torch.randint(0, 3, x.shape, generator=generator)] for x in (s, t))
+    valid = torch.ones(2, length, dtype=torch.bool)
+    valid[1, length // 2:] = False
+    v = torch.randn(2, 3, length, 4, dtype=torch.float64, generator=generator)
+    _, _, key_order, query_order = sliced_relu_cpu._forward(s, t, v, valid)
+
+    def stable_order(x: torch.Tensor) -> torch.Tensor:  # ascending, -0 before +0, ties in index order
+        return torch.tensor(sorted(range(len(x)), key=lambda i: (x[i].item(), str(x[i].item())[0] != "-")))
+
+    for b in range(2):
+        keys = valid[b].nonzero().squeeze(1)
+        for h in range(3):
+            for m in range(2):
+                expected_keys = keys[stable_order(t[b, h, m, keys])]
+                n = len(keys)
+                assert torch.equal(key_order[b, h, m, :n].long(), expected_keys)
+                assert torch.equal(key_order[b, h, m, n:].long(), (~valid[b]).nonzero().squeeze(1))
+                assert torch.equal(query_order[b, h, m].long(), stable_order(s[b, h, m]))
+
+
+@requires_compiler
 def test_token_major_layout_is_read_and_written_in_place():
     """Attention layers hold q, k, v as (B, T, H, D) buffers seen as (B, H, T, D): the kernel reads
     v and the output gradient in that layout, writes the output and dL/dv in it, and gives the

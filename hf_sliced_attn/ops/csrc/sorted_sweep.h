@@ -167,8 +167,8 @@ struct RadixSort {
       lo = std::min(lo, x);
       hi = std::max(hi, x);
     }
-    const double scale = static_cast<double>(n - 1) / (hi - lo);
-    if (!(hi > lo) || !std::isfinite(scale)) return false;
+    const double range = hi - lo, scale = static_cast<double>(n - 1) / range;
+    if (!(range > 0.0) || !std::isfinite(range) || !std::isfinite(scale)) return false;
     bucket_of.resize(n);
     bucket_start.assign(n + 1, 0);
     for (Index k = 0; k < n; ++k) {
