@@ -128,7 +128,7 @@ def test_no_keys_or_no_queries(slices, q_len, k_len):
 @pytest.mark.parametrize("q_len,k_len", [(40, 50), (100, 130)])
 def test_ties(slices, q_len, k_len):
     """Integer scalars with many repeats, queries tied with keys; ties contribute 0. The lengths take
-    the CPU kernel's insertion sort (up to 64 scalars) and its radix sort (more).
+    the CPU kernel's insertion sort (up to 64 scalars) and its radix passes (more: the ties overfill its buckets).
 
     ReLU and |.| have no derivative at a tie, so only the value gradient is compared."""
     generator = torch.Generator().manual_seed(3)

@@ -94,12 +94,12 @@ struct ValidKeys {
   Index n() const { return static_cast<Index>(index.size()); }
 };
 
-// Sorts n doubles, carrying an int32 index each: an LSD radix sort on order-preserving 64-bit
-// keys, one byte a pass, skipping the bytes that all keys share (the low mantissa bytes of
-// float32 values, the sign and exponent bytes of values of one scale); up to kInsertionMax keys
-// (a sentence's tokens) an insertion sort on the same keys, and up to kBucketMax a bucket sort by
-// value. All three are stable and give the same order.
-struct RadixSort {
+// Sorts n doubles stably, carrying an int32 index each, by order-preserving 64-bit keys: up to
+// kInsertionMax keys (a sentence's tokens) an insertion sort, up to kBucketMax a bucket sort by value,
+// else (or where the buckets would fill unevenly) an LSD radix sort, one byte a pass, skipping the
+// bytes that all keys share (the low mantissa bytes of float32 values, the sign and exponent bytes of
+// values of one scale). All three give the same order.
+struct StableSort {
   std::vector<std::uint64_t> keys, keys_swap;
   std::vector<std::int32_t> index, index_swap;
 
@@ -215,7 +215,7 @@ inline double centre_of(const double* t, const std::vector<std::int32_t>& valid)
 // One slice of one group in sorted order: centred key scalars ts (valid keys, ascending),
 // centred query scalars ss (ascending) and the original indices of both.
 struct SortedSlice {
-  RadixSort sorter;
+  StableSort sorter;
   std::vector<double> ts, ss;
   std::vector<std::int32_t> key_index, query_index;
   double total_t = 0.0;  // the sum of ts
@@ -226,7 +226,7 @@ struct SortedSlice {
     const double centre = centre_of(t, valid);
     if (!std::isfinite(centre)) return false;
     sorter.assign(n);
-    for (Index k = 0; k < n; ++k) sorter.keys[k] = RadixSort::key(t[valid[k]]), sorter.index[k] = valid[k];
+    for (Index k = 0; k < n; ++k) sorter.keys[k] = StableSort::key(t[valid[k]]), sorter.index[k] = valid[k];
     sorter.run();
     key_index = sorter.index;
     centred(sorter, centre, ts);
@@ -235,7 +235,7 @@ struct SortedSlice {
     sorter.assign(q_len);
     for (Index i = 0; i < q_len; ++i) {
       if (!std::isfinite(s[i])) return false;
-      sorter.keys[i] = RadixSort::key(s[i]), sorter.index[i] = static_cast<std::int32_t>(i);
+      sorter.keys[i] = StableSort::key(s[i]), sorter.index[i] = static_cast<std::int32_t>(i);
     }
     sorter.run();
     query_index = sorter.index;
@@ -277,9 +277,9 @@ struct SortedSlice {
 
  private:
   // x - centre is non-decreasing in x, so the centred values stay sorted.
-  static void centred(const RadixSort& sorted, double centre, std::vector<double>& out) {
+  static void centred(const StableSort& sorted, double centre, std::vector<double>& out) {
     out.resize(sorted.keys.size());
-    for (size_t k = 0; k < out.size(); ++k) out[k] = RadixSort::value(sorted.keys[k]) - centre;
+    for (size_t k = 0; k < out.size(); ++k) out[k] = StableSort::value(sorted.keys[k]) - centre;
   }
 };
 
