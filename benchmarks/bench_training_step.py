@@ -43,6 +43,12 @@ user starts fine-tuning. Contenders:
   queries and keys (Amdahl's law): ``sliced_relu_converted`` and ``rela`` here. Plain ``sliced_relu`` folds its
   projection into the query and key layers and skips most of their cost (:data:`FOLDS_QUERY_AND_KEY`), so
   it is not bounded by this ceiling and can sit above it;
+* ``sliced_relu_converted_free_kernel``: the ceiling of the converted layer's kernel: ``sliced_relu_converted`` with
+  the sliced ReLU kernel replaced, during its steps, by one that costs nothing (:class:`FreeSlicedKernel`: each
+  query's own value row, zero gradients to the scalars), so that its MLP projection (folded into the query and key
+  layers, on the real tokens), affine output and value mean run forward and backward as in
+  ``sliced_relu_converted``. ``sdpa_fused``'s time / its time bounds the speed-up of any kernel for that layer;
+  only a cheaper projection can go above it;
 * ``attention_free_no_qk``: the ceiling of every attention: the same, and the query and key layers removed (each
   returns a constant zero of q's shape, with no parameters, no product and no gradient), so that the step keeps
   only what no attention changes: the value and output layers, the feed-forward layers, layer norms, dropout and
@@ -78,10 +84,12 @@ speed-ups in the time table are ratios of the medians.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
+import importlib
 import os
 import sys
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from importlib.resources import files
 from pathlib import Path
 from dataclasses import dataclass, field
@@ -124,6 +132,8 @@ class Contender:
     config: dict[str, Any] = field(default_factory=dict)
     free_query_key: bool = False
     """The query and key layers replaced by :class:`FreeProjection` (the ceiling of every attention)."""
+    free_kernel: bool = False
+    """The sliced ReLU kernel replaced by :class:`FreeSlicedKernel` during the steps (the converted layer's ceiling)."""
 
 
 CONVERTED = {"num_slices": 4, "projection": "mlp", "affine_output": True}
@@ -143,6 +153,7 @@ CONTENDERS: dict[str, Contender] = {
     "attention_free": Contender("attention_free", config={"attention_probs_dropout_prob": 0.0}),
     "attention_free_no_qk": Contender("attention_free", config={"attention_probs_dropout_prob": 0.0},
                                       free_query_key=True),
+    "sliced_relu_converted_free_kernel": Contender("sliced_relu", CONVERTED, free_kernel=True),
 }
 """Column name -> its :class:`Contender`."""
 BASELINES = ("sdpa_fused", "sdpa")
@@ -154,6 +165,8 @@ FOLDS_QUERY_AND_KEY = frozenset({"sliced_relu"})
 """Contenders that skip most of the query and key layers' cost, so the ceiling does not bound them."""
 CEILING_ANY = "attention_free_no_qk"
 """The contender that bounds the speed-up of every attention, :data:`FOLDS_QUERY_AND_KEY` included."""
+CEILING_KERNEL = "sliced_relu_converted_free_kernel"
+"""The contender that bounds the speed-up of ``sliced_relu_converted`` whatever its kernel costs."""
 
 
 class FreeProjection(torch.nn.Module):
@@ -182,6 +195,52 @@ def attention_free(module: torch.nn.Module, query: torch.Tensor, key: torch.Tens
                    attention_mask: torch.Tensor | None, **kwargs: Any) -> tuple[torch.Tensor, None]:
     """The ceiling's attention: (B, H, T, D) values -> (B, T, H, D), each token attending to itself alone."""
     return value.transpose(1, 2), None
+
+
+class FreeSlicedKernel(torch.autograd.Function):
+    """A sliced ReLU kernel that costs nothing, for self-attention: query scalars (B, H, M, T), key scalars
+    (B, H, M, T) and values (B, H, T, D) -> each query's own value row (B, H, T, D), a view of the values. Its
+    backward passes the output's gradient to the values and gives the scalars a zero gradient, materialised, so that
+    the projection's backward runs in full (dense products cost the same on zeros)."""
+
+    @staticmethod
+    def forward(ctx: Any, query_scalars: torch.Tensor, key_scalars: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
+        ctx.scalar_shapes = query_scalars.shape, key_scalars.shape
+        return value.view_as(value)
+
+    @staticmethod
+    def backward(ctx: Any, grad_out: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        query_shape, key_shape = ctx.scalar_shapes
+        return grad_out.new_zeros(query_shape), grad_out.new_zeros(key_shape), grad_out
+
+
+SLICED_ATTENTION = importlib.import_module("hf_sliced_attn.mechanisms.sliced_relu.attention")
+"""The module whose ``sliced_relu`` a converted layer calls: :func:`free_kernel` swaps it."""
+
+
+def free_sliced_relu(query_scalars: torch.Tensor, key_scalars: torch.Tensor, value: torch.Tensor,
+                     key_padding_mask: torch.Tensor | None = None) -> torch.Tensor:
+    """:class:`FreeSlicedKernel` with :func:`hf_sliced_attn.ops.sliced_relu`'s arguments (a layer without a window)."""
+    free_sliced_relu.calls += 1
+    return FreeSlicedKernel.apply(query_scalars, key_scalars, value)
+
+
+free_sliced_relu.calls = 0
+
+
+@contextlib.contextmanager
+def free_kernel(layers: int) -> Iterator[None]:
+    """Converted layers call :func:`free_sliced_relu` instead of the sliced ReLU kernel within the block, which must
+    call it ``layers`` times (else the ceiling would time the real kernel, or none, and say otherwise)."""
+    real, calls = SLICED_ATTENTION.sliced_relu, free_sliced_relu.calls
+    SLICED_ATTENTION.sliced_relu = free_sliced_relu
+    try:
+        yield
+    finally:
+        SLICED_ATTENTION.sliced_relu = real
+    if free_sliced_relu.calls - calls != layers:
+        raise RuntimeError(f"the free kernel ran {free_sliced_relu.calls - calls} times for {layers} converted layers: "
+                           "converted layers no longer call hf_sliced_attn.mechanisms.sliced_relu.attention.sliced_relu")
 
 
 AttentionInterface.register(CEILING, attention_free)
@@ -239,12 +298,16 @@ def make_batch(batch: int, length: int, vocab_size: int, pad_token_id: int) -> d
     return {"input_ids": input_ids, "attention_mask": attention_mask, "labels": labels}
 
 
-def training_step(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> Callable[[], None]:
-    """One step on ``batch``: forward with labels, backward, AdamW(lr ``LR``) step, zero_grad."""
+def training_step(model: torch.nn.Module, batch: dict[str, torch.Tensor], kernel_free: bool = False
+                  ) -> Callable[[], None]:
+    """One step on ``batch``: forward with labels, backward, AdamW(lr ``LR``) step, zero_grad; with ``kernel_free``
+    under :func:`free_kernel`."""
     optimizer = torch.optim.AdamW(model.parameters(), lr=LR)
+    layers = model.config.num_hidden_layers
 
     def step() -> None:
-        model(**batch).loss.backward()
+        with free_kernel(layers) if kernel_free else contextlib.nullcontext():
+            model(**batch).loss.backward()
         optimizer.step()
         optimizer.zero_grad()
 
@@ -256,7 +319,8 @@ def measure_shape(batch_size: int, length: int, steps: int, names: list[str]) ->
     models = {name: build_model(name) for name in names}
     config = models[BASELINES[0]].config
     batch = make_batch(batch_size, length, config.vocab_size, config.pad_token_id)
-    points = interleaved({name: training_step(model, batch) for name, model in models.items()}, steps,
+    points = interleaved({name: training_step(model, batch, CONTENDERS[name].free_kernel)
+                          for name, model in models.items()}, steps,
                          label=f"{batch_size}x{length}")
     del models, batch
     gc.collect()
@@ -349,13 +413,35 @@ def paired_lines(times: dict[str, dict[str, Point]]) -> list[str]:
             "", "| bar | paired ratio | required | verdict of the interval |", "|---|---:|---:|---|", *rows]
 
 
+@dataclass(frozen=True)
+class Ceiling:
+    """What a ceiling contender is, what it bounds (in words), who cannot meet the bars above it, and which
+    contenders' bars it bounds."""
+
+    what: str
+    bounds: str
+    who: str
+    bounded: frozenset[str] | None = None
+    """The contenders whose bars it bounds; None: every contender but those in ``exempt``."""
+    exempt: frozenset[str] = frozenset()
+
+    def bounds_bar_of(self, name: str) -> bool:
+        return name not in self.exempt and (self.bounded is None or name in self.bounded)
+
+
 CEILINGS = {
-    CEILING: ("an attention that costs nothing, q and k still projected",
-              f"every contender that projects q and k; not {', '.join(sorted(FOLDS_QUERY_AND_KEY))}, which folds its "
-              "projection into the query and key layers", FOLDS_QUERY_AND_KEY),
-    CEILING_ANY: ("an attention that costs nothing, no query or key layer at all", "every attention", frozenset()),
+    CEILING: Ceiling("an attention that costs nothing, q and k still projected",
+                     f"every contender that projects q and k; not {', '.join(sorted(FOLDS_QUERY_AND_KEY))}, which "
+                     "folds its projection into the query and key layers", "no attention that projects q and k",
+                     exempt=FOLDS_QUERY_AND_KEY),
+    CEILING_ANY: Ceiling("an attention that costs nothing, no query or key layer at all", "every attention",
+                         "no attention"),
+    CEILING_KERNEL: Ceiling("sliced_relu_converted with a sliced kernel that costs nothing",
+                            "sliced_relu_converted with any kernel: its MLP projection, affine output and value mean "
+                            "run forward and backward", "no sliced kernel with this projection",
+                            bounded=frozenset({"sliced_relu_converted"})),
 }
-"""Ceiling -> (what it is, what it bounds, the contenders it does not bound)."""
+"""Ceiling contender -> its :class:`Ceiling`."""
 
 
 def ceiling_lines(times: dict[str, dict[str, Point]]) -> list[str]:
@@ -363,24 +449,23 @@ def ceiling_lines(times: dict[str, dict[str, Point]]) -> list[str]:
     cannot be met on this model and machine): above the upper end of the ceiling's paired 95% interval, or above its
     ratio of medians where it ran one round."""
     lines = []
-    for ceiling, (what, bounds, exempt) in CEILINGS.items():
+    for name, ceiling in CEILINGS.items():
         rows = []
         for shape, points in times.items():
-            speed = speedup(times, ceiling, shape)
+            speed = speedup(times, name, shape)
             if speed is None:
                 continue
-            interval = paired_ratios(times, ceiling, shape) if points[ceiling].runs else None
+            interval = paired_ratios(times, name, shape) if points[name].runs else None
             limit = speed if interval is None or interval.high is None else interval.high
-            bounded = [(name, threshold) for name, (batch, length), threshold in BARS
-                       if f"{batch}x{length}" == shape and name not in exempt]
-            above = [f"{name} ≥ {threshold:g}×" for name, threshold in bounded if threshold > limit]
-            who = "no attention that projects q and k" if exempt else "no attention"
-            verdict = (f"bars above it: {', '.join(above)}; {who} can meet them here" if above
+            bounded = [(contender, threshold) for contender, (batch, length), threshold in BARS
+                       if f"{batch}x{length}" == shape and ceiling.bounds_bar_of(contender)]
+            above = [f"{contender} ≥ {threshold:g}×" for contender, threshold in bounded if threshold > limit]
+            verdict = (f"bars above it: {', '.join(above)}; {ceiling.who} can meet them here" if above
                        else "the bars it bounds do not lie above it" if bounded else "it bounds no bar at this shape")
             paired = "" if interval is None else f" (paired per round: {interval.describe('.3f')})"
-            rows.append(f"- {shape}: {BASELINES[0]} / {ceiling} = {fmt_ratio(speed)}{paired}; {verdict}.")
+            rows.append(f"- {shape}: {BASELINES[0]} / {name} = {fmt_ratio(speed)}{paired}; {verdict}.")
         if rows:
-            lines += [f"## Ceiling: `{ceiling}` ({what})", "", f"It bounds {bounds}.", "", *rows, ""]
+            lines += [f"## Ceiling: `{name}` ({ceiling.what})", "", f"It bounds {ceiling.bounds}.", "", *rows, ""]
     return lines[:-1]
 
 

@@ -162,3 +162,48 @@ def test_the_results_record_each_bars_interval(tmp_path, monkeypatch):
     assert unmeasured["verdict"] == "not measured"
     markdown = (tmp_path / "training_step.md").read_text()
     assert f"| rela_window4 at 2×16 | {measured['paired_ratio']['mean']:.3f} [" in markdown
+
+
+def test_the_free_kernel_returns_the_values_and_zero_scalar_gradients():
+    query_scalars, key_scalars = (bench.torch.randn(2, 3, 4, 5, requires_grad=True) for _ in range(2))
+    value = bench.torch.randn(2, 3, 5, 6, requires_grad=True)
+    out = bench.free_sliced_relu(query_scalars, key_scalars, value, None)
+    assert bench.torch.equal(out, value)
+    grad = bench.torch.randn_like(out)
+    out.backward(grad)
+    assert bench.torch.equal(value.grad, grad)
+    assert bench.torch.equal(query_scalars.grad, bench.torch.zeros(2, 3, 4, 5))
+    assert bench.torch.equal(key_scalars.grad, bench.torch.zeros(2, 3, 4, 5))
+
+
+def test_the_kernel_ceiling_runs_the_converted_layer_but_its_kernel():
+    """Every converted layer calls the free kernel instead of the sliced ReLU op (which does not run), and the
+    projection's backward runs: its parameters get (zero) gradients, materialised."""
+    model = bench.build_model(bench.CEILING_KERNEL)
+    batch = bench.make_batch(4, 16, model.config.vocab_size, model.config.pad_token_id)
+    calls = bench.free_sliced_relu.calls
+    real = bench.SLICED_ATTENTION.sliced_relu
+    with bench.free_kernel(model.config.num_hidden_layers):
+        model(**batch).loss.backward()
+    assert bench.free_sliced_relu.calls - calls == model.config.num_hidden_layers
+    assert bench.SLICED_ATTENTION.sliced_relu is real
+    projection = model.bert.encoder.layer[0].attention.self.sliced_projection
+    assert all(p.grad is not None and not p.grad.any() for p in projection.parameters())
+    value = model.bert.encoder.layer[0].attention.self.value
+    assert value.weight.grad is not None and value.weight.grad.any()
+
+
+def test_the_free_kernel_must_replace_the_kernel_of_every_layer():
+    model = bench.build_model("sliced_relu")  # converted layers: 6 calls, not 7
+    batch = bench.make_batch(2, 8, model.config.vocab_size, model.config.pad_token_id)
+    with pytest.raises(RuntimeError, match="the free kernel ran 6 times for 7 converted layers"):
+        with bench.free_kernel(7):
+            model(**batch)
+    assert bench.SLICED_ATTENTION.sliced_relu is bench.hf_sliced_attn.ops.sliced_relu
+
+
+def test_the_kernel_ceiling_bounds_the_converted_bars_only():
+    points = {"sdpa_fused": Point(3.0), bench.CEILING_KERNEL: Point(2.9)}
+    (line,) = [line for line in bench.ceiling_lines({"32x128": points}) if line.startswith("- 32x128")]
+    assert "bars above it: sliced_relu_converted ≥ 1.1×; no sliced kernel with this projection can meet" in line
+    assert "sliced_relu ≥ 1.3×" not in line and "window4" not in line
