@@ -4,6 +4,7 @@ fold does not apply (peft-wrapped or hooked layers, observed layers, batches too
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -20,7 +21,11 @@ from hf_sliced_attn.conversion.attention_taps import attention_modules
 
 from tests.helpers.models import VOCAB, tiny_encoder
 
-PROJECTIONS = {"mlp": SlicedMLPProjection, "linear": SlicedProjection}
+PROJECTIONS = {"mlp": SlicedMLPProjection, "linear": SlicedProjection,
+               "mlp_narrow": functools.partial(SlicedMLPProjection, width=5)}
+PROJECTION_OPTIONS = {"mlp": {"projection": "mlp"}, "linear": {"projection": "linear"},
+                      "mlp_narrow": {"projection": "mlp", "mlp_width": 5}}
+"""The options that build each of :data:`PROJECTIONS` in a model."""
 BERT_FAMILY = ["bert", "roberta", "xlm-roberta"]
 BATCH, LENGTH = 3, 16  # 48 tokens: at least the hidden size (32), where the MLP projection folds
 
@@ -71,18 +76,19 @@ def test_project_input_equals_projecting_q_and_k(projection_name, compiled, mask
 
 
 @pytest.mark.parametrize("projection_name, in_features, folds_from",
-                         [("mlp", 384, 384), ("linear", 384, 48)])
+                         [("mlp", 384, 384), ("linear", 384, 48), ("mlp_narrow", 384, 5)])
 def test_the_fold_is_taken_where_it_costs_less(projection_name, in_features, folds_from):
-    """The MLP's fold costs as much as projecting ``in_features`` tokens; the linear one's (H*M wide) far less."""
+    """The MLP's fold costs as much as projecting W tokens (W its width, ``in_features`` by default, where the
+    layers are as wide as their input); the linear one's (H*M wide) far less."""
     projection = PROJECTIONS[projection_name](12, 32, 4)
     assert projection.folds(folds_from, in_features)
     assert not projection.folds(folds_from - 1, in_features)
 
 
 def affine_sliced_relu_encoder(model_type: str, projection: str) -> PreTrainedModel:
-    """The tiny ``model_type`` encoder converted to sliced ReLU with the ``projection``, 2 slices and the
-    output affine, that affine moved off its initial values."""
-    model = tiny_encoder(model_type, "sliced_relu", projection=projection, num_slices=2, affine_output=True)
+    """The tiny ``model_type`` encoder converted to sliced ReLU with the ``projection`` (a name of
+    :data:`PROJECTION_OPTIONS`), 2 slices and the output affine, that affine moved off its initial values."""
+    model = tiny_encoder(model_type, "sliced_relu", **PROJECTION_OPTIONS[projection], num_slices=2, affine_output=True)
     with torch.no_grad():  # the output affine away from its initial values, so that every piece shows
         for module in attention_modules(model):
             module.sliced_output.gain.uniform_(0.5, 2.0)

@@ -202,6 +202,9 @@ def test_options_are_saved_and_select_layers(softmax_checkpoint, tmp_path):
         ("sliced_relu", {"num_slices": 0}, "num_slices=0 is not valid"),
         ("sliced_relu", {"projection": "conv"}, r"projection='conv' is not valid: use one of \['linear', 'mlp'\]"),
         ("sliced_relu", {"affine_output": "yes"}, "affine_output='yes' is not valid: it must be True or False"),
+        ("sliced_relu", {"projection": "mlp", "mlp_width": 0}, r"mlp_width=0 is not valid: it must be an integer >= 1"),
+        ("sliced_relu", {"projection": "mlp", "mlp_width": 2.5}, r"mlp_width=2.5 is not valid"),
+        ("sliced_relu", {"mlp_width": 8}, r"mlp_width=8 applies to projection='mlp' only, not projection='linear'"),
         ("rela", {"projection": "mlp"}, r"Unknown option\(s\) \['projection'\] for 'rela'"),
         ("rela", {"num_slices": 2}, r"Unknown option\(s\) \['num_slices'\] for 'rela'"),
         ("softmax", {}, r"valid ones are \['sliced_relu', 'rela'\]"),
@@ -258,6 +261,25 @@ def test_mlp_projection_and_affine_output_are_built_initialised_and_saved(softma
     with torch.no_grad():
         torch.testing.assert_close(reloaded.eval()(input_ids=ids, attention_mask=mask).last_hidden_state,
                                    model(input_ids=ids, attention_mask=mask).last_hidden_state, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("softmax_checkpoint", ["roberta"], indirect=True)
+def test_a_narrower_mlp_is_built_saved_and_reloaded_with_its_width(softmax_checkpoint, tmp_path):
+    options = {**CONVERSION_OPTIONS, "mlp_width": 5}
+    config = hf_sliced_attn.prepare_config(AutoConfig.from_pretrained(softmax_checkpoint), "sliced_relu", **options)
+    model = AutoModel.from_pretrained(softmax_checkpoint, config=config).eval()
+    projection = model.encoder.layer[0].attention.self.sliced_projection
+    features = projection.num_heads * projection.head_dim
+    assert projection.hidden.weight.shape == (5, features) and projection.to_scalars.weight.shape == (8, 5)
+    assert "width=5" in repr(projection)
+    model.save_pretrained(tmp_path)
+    reloaded, info = AutoModel.from_pretrained(tmp_path, output_loading_info=True)
+    assert not info["missing_keys"] and not info["unexpected_keys"] and not info["mismatched_keys"]
+    assert reloaded.config.hf_sliced_attn["mlp_width"] == 5
+    ids = tokens(2, 11)
+    with torch.no_grad():
+        torch.testing.assert_close(reloaded.eval()(input_ids=ids).last_hidden_state,
+                                   model(input_ids=ids).last_hidden_state, rtol=0, atol=0)
 
 
 @pytest.mark.parametrize("sliding_window", [None, 3], ids=["global", "window3"])

@@ -25,8 +25,11 @@ def build_modules(options: SlicedReluConfig, num_heads: int, head_dim: int, loca
     """``sliced_projection`` (linear or MLP), ``sliced_bandwidth`` for the bump kernel, with
     ``affine_output`` ``sliced_output``, and with a ``local_window`` the module of its ``window_combine``, on
     global layers only: a ``local`` layer (ModernBERT's sliding window) runs the windowed sliced kernel alone."""
-    projection = SlicedMLPProjection if options.projection == "mlp" else SlicedProjection
-    modules: dict[str, nn.Module] = {"sliced_projection": projection(num_heads, head_dim, options.num_slices)}
+    if options.projection == "mlp":
+        projection = SlicedMLPProjection(num_heads, head_dim, options.num_slices, options.mlp_width)
+    else:
+        projection = SlicedProjection(num_heads, head_dim, options.num_slices)
+    modules: dict[str, nn.Module] = {"sliced_projection": projection}
     if options.kernel == "bump":
         modules["sliced_bandwidth"] = SlicedBandwidth(num_heads, options.num_slices)
     if options.affine_output:

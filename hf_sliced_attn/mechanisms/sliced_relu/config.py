@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from ..local_window import WindowedConfig
 
@@ -53,6 +53,17 @@ class SlicedReluConfig(WindowedConfig):
             "choices": ("linear", "mlp"),
         },
     )
+    mlp_width: int | None = field(
+        default=None,
+        metadata={
+            "help": (
+                "With projection='mlp', the width of the MLP's hidden layer: Linear(H*D, mlp_width) -> GELU -> "
+                "Linear(mlp_width, H*M). None: H*D, as in the authors' code. A narrower MLP costs less per token "
+                "(its first layer is most of a converted layer's extra cost over softmax's at short lengths)."
+            ),
+            "parse": int,
+        },
+    )
     affine_output: bool = field(
         default=False,
         metadata={
@@ -70,11 +81,27 @@ class SlicedReluConfig(WindowedConfig):
         super().__post_init__()
         if not isinstance(self.num_slices, int) or isinstance(self.num_slices, bool) or self.num_slices < 1:
             raise ValueError(f"num_slices={self.num_slices!r} is not valid: it must be an integer >= 1.")
+        if self.mlp_width is not None and (
+            not isinstance(self.mlp_width, int) or isinstance(self.mlp_width, bool) or self.mlp_width < 1
+        ):
+            raise ValueError(f"mlp_width={self.mlp_width!r} is not valid: it must be an integer >= 1, or None for H*D.")
+        if self.mlp_width is not None and self.projection != "mlp":
+            raise ValueError(f"mlp_width={self.mlp_width} applies to projection='mlp' only, not "
+                             f"projection={self.projection!r}: drop mlp_width or set projection='mlp'.")
         if not isinstance(self.affine_output, bool):
             raise ValueError(f"affine_output={self.affine_output!r} is not valid: it must be True or False.")
 
+    def to_dict(self) -> dict[str, Any]:
+        """As the window's :meth:`~WindowedConfig.to_dict`, without ``mlp_width`` at its default (None): checkpoints
+        of the authors' MLP width save the options that earlier versions of the plugin load."""
+        saved = super().to_dict()
+        if self.mlp_width is None:
+            del saved["mlp_width"]
+        return saved
+
     def describe(self) -> list[str]:
-        phrases = [f"{self.kernel} kernel", f"{self.num_slices} slice(s) per head", f"{self.projection} projection"]
+        width = "" if self.mlp_width is None else f" ({self.mlp_width} wide)"
+        phrases = [f"{self.kernel} kernel", f"{self.num_slices} slice(s) per head", f"{self.projection} projection{width}"]
         if self.affine_output:
             phrases.append("learned output gain and mean value")
         return phrases + self.describe_window()

@@ -103,8 +103,9 @@ class SlicedMLPProjection(PluginModule):
     """The projection of the authors' code (SiwanB/Sliced_ReLU_Attention): one MLP over all heads.
 
     The queries of a token, concatenated over heads (H*D), go through
-    ``hidden`` Linear(H*D, H*D) -> GELU -> ``to_scalars`` Linear(H*D, H*M), which gives the M
-    scalars of every head; keys go through the same MLP. For queries (B, H, Tq, D) and keys
+    ``hidden`` Linear(H*D, W) -> GELU -> ``to_scalars`` Linear(W, H*M), which gives the M
+    scalars of every head; keys go through the same MLP. The width W is H*D in the authors' code
+    (``width=None``); a narrower one costs W/(H*D) of the first layer's products. For queries (B, H, Tq, D) and keys
     (B, H, Tk, D) it returns s (B, H, M, Tq) and t (B, H, M, Tk), like :class:`SlicedProjection`.
     The order it induces on the keys is a nonlinear function of all heads' keys. Weights are
     initialised normal with the model's ``initializer_range``, biases at zero.
@@ -119,17 +120,18 @@ class SlicedMLPProjection(PluginModule):
 
     :meth:`project_input` gives the same scalars from the layer input x when q = W_q x + b_q:
     ``hidden`` (A, c) after the query layer is one affine map, GELU((A W_q) x + A b_q + c), so
-    the tokens go through one (H*D x C) product instead of two. Folding A W_q costs as much as
-    projecting C tokens: it pays from ``in_features`` tokens on (:meth:`folds`).
+    the tokens go through one (W x C) product instead of the (H*D x C) and (W x H*D) ones; folding
+    A W_q costs a (W x H*D x C) product once (:meth:`folds`).
     """
 
-    def __init__(self, num_heads: int, head_dim: int, num_slices: int = 1) -> None:
+    def __init__(self, num_heads: int, head_dim: int, num_slices: int = 1, width: int | None = None) -> None:
         super().__init__()
         self.num_heads, self.head_dim, self.num_slices = num_heads, head_dim, num_slices
-        width = num_heads * head_dim
-        self.hidden = nn.Linear(width, width)
+        features = num_heads * head_dim
+        self.width = features if width is None else width
+        self.hidden = nn.Linear(features, self.width)
         self.activation = nn.GELU()
-        self.to_scalars = nn.Linear(width, num_heads * num_slices)
+        self.to_scalars = nn.Linear(self.width, num_heads * num_slices)
 
     def init_weights(self, initializer_range: float) -> None:
         for linear in (self.hidden, self.to_scalars):
@@ -173,8 +175,11 @@ class SlicedMLPProjection(PluginModule):
 
     def folds(self, num_tokens: int, in_features: int) -> bool:
         """Whether :meth:`project_input` costs less than the query and key layers plus :meth:`forward`
-        for ``num_tokens`` tokens of ``in_features`` (folding costs as much as projecting ``in_features`` tokens)."""
-        return num_tokens >= in_features
+        for ``num_tokens`` tokens of ``in_features`` C: folding costs W*F*C multiply-adds once (F = H*D) and saves
+        F*C + F*W - W*C per token (from W tokens on where F = C, as in BERT-style layers)."""
+        features = self.num_heads * self.head_dim
+        return num_tokens * (features * in_features + features * self.width - self.width * in_features) \
+            >= self.width * features * in_features
 
     def project_input(
         self, hidden_states: torch.Tensor, query: nn.Linear, key: nn.Linear, token_mask: torch.Tensor | None = None
@@ -190,7 +195,8 @@ class SlicedMLPProjection(PluginModule):
         return scalars[0], scalars[1]
 
     def extra_repr(self) -> str:
-        return f"num_heads={self.num_heads}, head_dim={self.head_dim}, num_slices={self.num_slices}"
+        return (f"num_heads={self.num_heads}, head_dim={self.head_dim}, num_slices={self.num_slices}, "
+                f"width={self.width}")
 
 
 class SlicedBandwidth(PluginModule):
