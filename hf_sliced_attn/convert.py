@@ -97,7 +97,7 @@ class ConvertOptions:
         """The options handed to :func:`hf_sliced_attn.prepare_config`: the given ones over the
         mechanism's conversion defaults (validated by the mechanism's config)."""
         mechanism = MECHANISMS.get_mechanism(self.mechanism)
-        options = {**mechanism.conversion_options("convert"), **self.mechanism_options}
+        options = mechanism.conversion_options("convert", self.mechanism_options)
         mechanism.make_config(**options)
         return options
 

@@ -387,7 +387,7 @@ def build_config(args, num_labels: int, label_list, is_regression: bool):
     if args.attn_implementation in hf_sliced_attn.MECHANISMS:
         options = attention_options(args)
         if transfer_skip_reason(args) is None:  # as `hf-sliced-attn convert`: its defaults for the options not given
-            options = {**hf_sliced_attn.MECHANISMS[args.attn_implementation].conversion_options("finetune"), **options}
+            options = hf_sliced_attn.MECHANISMS[args.attn_implementation].conversion_options("finetune", options)
         try:
             hf_sliced_attn.prepare_config(config, args.attn_implementation, **options)
         except ValueError as err:

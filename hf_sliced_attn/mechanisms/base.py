@@ -76,6 +76,12 @@ class MechanismConfig:
                     f"{option.name}={getattr(self, option.name)!r} is not valid: use one of {list(choices)}."
                 )
 
+    @classmethod
+    def over_defaults(cls, defaults: Mapping[str, Any], given: Mapping[str, Any]) -> dict[str, Any]:
+        """The options ``given`` by a user over a transfer's ``defaults`` (:meth:`Mechanism.conversion_options`).
+        A mechanism whose defaults only hold beside other defaults drops them where ``given`` changes those."""
+        return {**defaults, **given}
+
     def to_dict(self) -> dict[str, Any]:
         """The JSON-ready form saved in config.json under :data:`CONFIG_KEY`."""
         return {"mechanism": self.mechanism, **dataclasses.asdict(self)}
@@ -199,10 +205,11 @@ class Mechanism:
     def name(self) -> str:
         return self.config_class.mechanism
 
-    def conversion_options(self, purpose: Purpose) -> dict[str, Any]:
-        """The options a transfer for ``purpose`` uses unless told otherwise (``conversion_defaults``)."""
+    def conversion_options(self, purpose: Purpose, given: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        """The options a transfer for ``purpose`` uses: those ``given`` over its ``conversion_defaults``
+        (:meth:`MechanismConfig.over_defaults`)."""
         check_purpose(purpose)
-        return dict(self.conversion_defaults.get(purpose, {}))
+        return self.config_class.over_defaults(self.conversion_defaults.get(purpose, {}), given or {})
 
     def make_config(self, **options: Any) -> MechanismConfig:
         """The options of this mechanism, raising a ValueError that lists the valid ones."""

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import subprocess
 import sys
 
@@ -213,6 +215,35 @@ def test_options_are_saved_and_select_layers(softmax_checkpoint, tmp_path):
 def test_bad_options_are_refused(mechanism, options, message):
     with pytest.raises(ValueError, match=message):
         hf_sliced_attn.prepare_config(tiny_config("bert"), mechanism, **options)
+
+
+@pytest.mark.parametrize(
+    "given, expected",
+    [
+        ({}, {"projection": "mlp", "mlp_width": 96, "num_slices": 4}),
+        ({"mlp_width": 48}, {"projection": "mlp", "mlp_width": 48, "num_slices": 4}),
+        ({"projection": "linear"}, {"projection": "linear", "num_slices": 4}),
+        ({"projection": "linear", "mlp_width": 96}, {"projection": "linear", "mlp_width": 96, "num_slices": 4}),
+    ],
+)
+def test_a_default_mlp_width_goes_with_the_mlp(given, expected):
+    """A transfer's default width of the MLP does not outlive a linear projection the user asks for; a width the
+    user gives with it stays, and is refused."""
+    mechanism = dataclasses.replace(hf_sliced_attn.MECHANISMS["sliced_relu"], conversion_defaults={
+        "convert": {"projection": "mlp", "mlp_width": 96, "num_slices": 4}})
+    options = mechanism.conversion_options("convert", given)
+    assert options == expected
+    if "mlp_width" in given and given.get("projection") == "linear":
+        with pytest.raises(ValueError, match="mlp_width=96 applies to projection='mlp' only"):
+            mechanism.make_config(**options)
+    else:
+        mechanism.make_config(**options)
+
+
+def test_given_options_override_the_transfer_defaults():
+    mechanism = hf_sliced_attn.MECHANISMS["rela"]
+    defaults = mechanism.conversion_options("convert")
+    assert mechanism.conversion_options("convert", {"local_window": 3}) == {**defaults, "local_window": 3}
 
 
 def test_layer_indices_out_of_range_are_refused():

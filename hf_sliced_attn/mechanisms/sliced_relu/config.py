@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -90,6 +91,16 @@ class SlicedReluConfig(WindowedConfig):
                              f"projection={self.projection!r}: drop mlp_width or set projection='mlp'.")
         if not isinstance(self.affine_output, bool):
             raise ValueError(f"affine_output={self.affine_output!r} is not valid: it must be True or False.")
+
+    @classmethod
+    def over_defaults(cls, defaults: Mapping[str, Any], given: Mapping[str, Any]) -> dict[str, Any]:
+        """As :meth:`MechanismConfig.over_defaults`; a default ``mlp_width`` goes where the options end with the linear
+        projection (a user who asks a transfer for ``projection="linear"`` gets it, not an error about the MLP's
+        width they did not give)."""
+        options = super().over_defaults(defaults, given)
+        if "mlp_width" not in given and options.get("projection", cls.projection) != "mlp":
+            options.pop("mlp_width", None)
+        return options
 
     def to_dict(self) -> dict[str, Any]:
         """As the window's :meth:`~WindowedConfig.to_dict`, without ``mlp_width`` at its default (None): checkpoints
