@@ -22,6 +22,9 @@ user starts fine-tuning. Contenders:
   linear slice per head, no affine output);
 * ``sliced_relu_converted``: ``prepare_config(config, "sliced_relu", num_slices=4, projection="mlp",
   affine_output=True)``, the options ``hf-sliced-attn convert`` and the recipe's transfer build;
+* ``sliced_relu_converted_mlp96`` and ``sliced_relu_converted_mlp192``: the same with the MLP's hidden layer 96 or
+  192 wide (``mlp_width``) instead of H*D = 384: the narrower projections measured against it on conversion
+  fidelity (``benchmarks/results/mlp_width/``);
 * ``sliced_relu_converted_window4``: the same with ``local_window=4`` (the shared normaliser), every layer
   converted as the quality benchmark's ``sliced_relu_all_layers`` flow converts it: the recipe's default from issue
   #24 until one linear slice replaced the MLP;
@@ -144,6 +147,7 @@ CONTENDERS: dict[str, Contender] = {
     "sliced_relu": Contender("sliced_relu"),
     "sliced_relu_converted": Contender("sliced_relu", CONVERTED),
     "sliced_relu_converted_window4": Contender("sliced_relu", {**CONVERTED, "local_window": 4}),
+    **{f"sliced_relu_converted_mlp{w}": Contender("sliced_relu", {**CONVERTED, "mlp_width": w}) for w in (96, 192)},
     "sliced_relu_hybrid": Contender("sliced_relu", {**CONVERTED, "layers": [0, 3, 4, 5]}),
     **{f"sliced_relu_window4_linear{m}": Contender("sliced_relu", {"num_slices": m, "projection": "linear",
                                                                   "affine_output": True, "local_window": 4})

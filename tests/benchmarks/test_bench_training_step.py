@@ -34,7 +34,8 @@ def test_a_subset_of_contenders_is_measured_beside_both_baselines(tmp_path):
         bench.main(["--contenders", "softmax"])
 
 
-@pytest.mark.parametrize("name", ["attention_free", "sliced_relu_converted", "sliced_relu_converted_window4",
+@pytest.mark.parametrize("name", ["attention_free", "sliced_relu_converted", "sliced_relu_converted_mlp96",
+                                  "sliced_relu_converted_window4",
                                   "sliced_relu_window4_linear1", "sliced_relu_window4_linear4", "sliced_relu_hybrid",
                                   "rela_window4"])
 def test_a_contender_runs_its_attention(name):
@@ -50,6 +51,10 @@ def test_a_contender_runs_its_attention(name):
         assert modes == ["sliced_relu" if i in converted else "softmax" for i in range(6)]
         windows = [hasattr(layer.attention.self, "sliced_window_share") for layer in model.bert.encoder.layer]
         assert windows == ["window4" in name] * len(windows)
+        widths = {getattr(layer.attention.self.sliced_projection, "width", None) for layer in model.bert.encoder.layer
+                  if hasattr(layer.attention.self, "sliced_projection")}
+        assert widths == ({96} if name.endswith("mlp96") else {384} if "converted" in name or "hybrid" in name
+                          else {None})
 
 
 def test_every_contender_is_paired_with_the_fused_baseline_round_by_round():
