@@ -21,14 +21,15 @@ user starts fine-tuning. Contenders:
 * ``sliced_relu``: ``hf_sliced_attn.prepare_config(config, "sliced_relu")`` (the defaults: one
   linear slice per head, no affine output);
 * ``sliced_relu_converted``: ``prepare_config(config, "sliced_relu", num_slices=4, projection="mlp",
-  affine_output=True)``, the options ``hf-sliced-attn convert`` and the recipe's transfer build;
-* ``sliced_relu_converted_mlp96`` and ``sliced_relu_converted_mlp192``: the same with the MLP's hidden layer 96 or
-  192 wide (``mlp_width``) instead of H*D = 384: the narrower projections measured against it on conversion
-  fidelity (``benchmarks/results/mlp_width/``);
-* ``sliced_relu_converted_window4``: the same with ``local_window=4`` (the shared normaliser), every layer
-  converted as the quality benchmark's ``sliced_relu_all_layers`` flow converts it: the recipe's default from issue
-  #24 until one linear slice replaced the MLP;
-* ``sliced_relu_hybrid``: the recipe's former default, ``sliced_relu_converted`` on layers 0, 3, 4 and 5 with
+  mlp_ratio=0.25, affine_output=True)``, the options ``hf-sliced-attn convert`` builds (beside its window of 16),
+  the MLP's hidden layer 96 wide;
+* ``sliced_relu_converted_mlp384`` and ``sliced_relu_converted_mlp192``: the same with the MLP's hidden layer as wide
+  as H*D = 384 (``mlp_ratio=1``, the authors' width: convert's default until the conversion fidelity measured in
+  ``benchmarks/results/mlp_width/``) or half of it;
+* ``sliced_relu_converted_window4``: ``sliced_relu_converted_mlp384`` with ``local_window=4`` (the shared
+  normaliser), every layer converted as the quality benchmark's ``sliced_relu_all_layers`` flow converts it: the
+  recipe's default from issue #24 until one linear slice replaced the MLP;
+* ``sliced_relu_hybrid``: the recipe's former default, ``sliced_relu_converted_mlp384`` on layers 0, 3, 4 and 5 with
   layers 1 and 2 kept on softmax (SDPA, the config's dropout), the layers its ranking kept on every seed of the
   quality benchmark;
 * ``sliced_relu_window4_linear1`` and ``sliced_relu_window4_linear4``: every layer with one or four linear slices,
@@ -139,16 +140,19 @@ class Contender:
     """The sliced ReLU kernel replaced by :class:`FreeSlicedKernel` during the steps (the converted layer's ceiling)."""
 
 
-CONVERTED = {"num_slices": 4, "projection": "mlp", "affine_output": True}
-"""The options ``hf-sliced-attn convert`` and the recipe's transfer build (beside the window, see below)."""
+CONVERTED = {"num_slices": 4, "projection": "mlp", "mlp_ratio": 0.25, "affine_output": True}
+"""The options ``hf-sliced-attn convert`` builds (beside the window, see below)."""
+AUTHORS_MLP = {**CONVERTED, "mlp_ratio": 1.0}
+"""The same with the authors' MLP, as wide as H*D: convert's options before ``benchmarks/results/mlp_width/``."""
 CONTENDERS: dict[str, Contender] = {
     "sdpa": Contender("sdpa"),
     "sdpa_fused": Contender("sdpa", config={"attention_probs_dropout_prob": 0.0}),
     "sliced_relu": Contender("sliced_relu"),
     "sliced_relu_converted": Contender("sliced_relu", CONVERTED),
-    "sliced_relu_converted_window4": Contender("sliced_relu", {**CONVERTED, "local_window": 4}),
-    **{f"sliced_relu_converted_mlp{w}": Contender("sliced_relu", {**CONVERTED, "mlp_width": w}) for w in (96, 192)},
-    "sliced_relu_hybrid": Contender("sliced_relu", {**CONVERTED, "layers": [0, 3, 4, 5]}),
+    "sliced_relu_converted_mlp384": Contender("sliced_relu", AUTHORS_MLP),
+    "sliced_relu_converted_mlp192": Contender("sliced_relu", {**CONVERTED, "mlp_ratio": 0.5}),
+    "sliced_relu_converted_window4": Contender("sliced_relu", {**AUTHORS_MLP, "local_window": 4}),
+    "sliced_relu_hybrid": Contender("sliced_relu", {**AUTHORS_MLP, "layers": [0, 3, 4, 5]}),
     **{f"sliced_relu_window4_linear{m}": Contender("sliced_relu", {"num_slices": m, "projection": "linear",
                                                                   "affine_output": True, "local_window": 4})
        for m in (1, 4)},

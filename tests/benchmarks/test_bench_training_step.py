@@ -34,7 +34,7 @@ def test_a_subset_of_contenders_is_measured_beside_both_baselines(tmp_path):
         bench.main(["--contenders", "softmax"])
 
 
-@pytest.mark.parametrize("name", ["attention_free", "sliced_relu_converted", "sliced_relu_converted_mlp96",
+@pytest.mark.parametrize("name", ["attention_free", "sliced_relu_converted", "sliced_relu_converted_mlp384",
                                   "sliced_relu_converted_window4",
                                   "sliced_relu_window4_linear1", "sliced_relu_window4_linear4", "sliced_relu_hybrid",
                                   "rela_window4"])
@@ -53,8 +53,14 @@ def test_a_contender_runs_its_attention(name):
         assert windows == ["window4" in name] * len(windows)
         widths = {getattr(layer.attention.self.sliced_projection, "width", None) for layer in model.bert.encoder.layer
                   if hasattr(layer.attention.self, "sliced_projection")}
-        assert widths == ({96} if name.endswith("mlp96") else {384} if "converted" in name or "hybrid" in name
+        assert widths == ({96} if name == "sliced_relu_converted" else {384} if "converted" in name or "hybrid" in name
                           else {None})
+
+
+def test_the_converted_contender_is_what_convert_builds():
+    options = bench.hf_sliced_attn.MECHANISMS["sliced_relu"].conversion_options("convert")
+    assert {key: value for key, value in options.items() if key != "local_window"} == bench.CONVERTED
+    assert options["local_window"] > 0
 
 
 def test_every_contender_is_paired_with_the_fused_baseline_round_by_round():

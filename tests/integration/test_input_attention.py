@@ -24,7 +24,7 @@ from tests.helpers.models import VOCAB, tiny_encoder
 PROJECTIONS = {"mlp": SlicedMLPProjection, "linear": SlicedProjection,
                "mlp_narrow": functools.partial(SlicedMLPProjection, width=5)}
 PROJECTION_OPTIONS = {"mlp": {"projection": "mlp"}, "linear": {"projection": "linear"},
-                      "mlp_narrow": {"projection": "mlp", "mlp_width": 5}}
+                      "mlp_narrow": {"projection": "mlp", "mlp_ratio": 5 / 32}}
 """The options that build each of :data:`PROJECTIONS` in a model."""
 BERT_FAMILY = ["bert", "roberta", "xlm-roberta"]
 BATCH, LENGTH = 3, 16  # 48 tokens: at least the hidden size (32), where the MLP projection folds

@@ -204,9 +204,10 @@ def test_options_are_saved_and_select_layers(softmax_checkpoint, tmp_path):
         ("sliced_relu", {"num_slices": 0}, "num_slices=0 is not valid"),
         ("sliced_relu", {"projection": "conv"}, r"projection='conv' is not valid: use one of \['linear', 'mlp'\]"),
         ("sliced_relu", {"affine_output": "yes"}, "affine_output='yes' is not valid: it must be True or False"),
-        ("sliced_relu", {"projection": "mlp", "mlp_width": 0}, r"mlp_width=0 is not valid: it must be an integer >= 1"),
-        ("sliced_relu", {"projection": "mlp", "mlp_width": 2.5}, r"mlp_width=2.5 is not valid"),
-        ("sliced_relu", {"mlp_width": 8}, r"mlp_width=8 applies to projection='mlp' only, not projection='linear'"),
+        ("sliced_relu", {"projection": "mlp", "mlp_ratio": 0}, r"mlp_ratio=0 is not valid: it must be a number > 0"),
+        ("sliced_relu", {"projection": "mlp", "mlp_ratio": "half"}, r"mlp_ratio='half' is not valid"),
+        ("sliced_relu", {"projection": "mlp", "mlp_ratio": float("nan")}, r"mlp_ratio=nan is not valid"),
+        ("sliced_relu", {"mlp_ratio": 0.5}, r"mlp_ratio=0.5 applies to projection='mlp' only, not projection='linear'"),
         ("rela", {"projection": "mlp"}, r"Unknown option\(s\) \['projection'\] for 'rela'"),
         ("rela", {"num_slices": 2}, r"Unknown option\(s\) \['num_slices'\] for 'rela'"),
         ("softmax", {}, r"valid ones are \['sliced_relu', 'rela'\]"),
@@ -220,21 +221,21 @@ def test_bad_options_are_refused(mechanism, options, message):
 @pytest.mark.parametrize(
     "given, expected",
     [
-        ({}, {"projection": "mlp", "mlp_width": 96, "num_slices": 4}),
-        ({"mlp_width": 48}, {"projection": "mlp", "mlp_width": 48, "num_slices": 4}),
+        ({}, {"projection": "mlp", "mlp_ratio": 0.25, "num_slices": 4}),
+        ({"mlp_ratio": 0.5}, {"projection": "mlp", "mlp_ratio": 0.5, "num_slices": 4}),
         ({"projection": "linear"}, {"projection": "linear", "num_slices": 4}),
-        ({"projection": "linear", "mlp_width": 96}, {"projection": "linear", "mlp_width": 96, "num_slices": 4}),
+        ({"projection": "linear", "mlp_ratio": 0.25}, {"projection": "linear", "mlp_ratio": 0.25, "num_slices": 4}),
     ],
 )
-def test_a_default_mlp_width_goes_with_the_mlp(given, expected):
+def test_a_default_mlp_ratio_goes_with_the_mlp(given, expected):
     """A transfer's default width of the MLP does not outlive a linear projection the user asks for; a width the
     user gives with it stays, and is refused."""
     mechanism = dataclasses.replace(hf_sliced_attn.MECHANISMS["sliced_relu"], conversion_defaults={
-        "convert": {"projection": "mlp", "mlp_width": 96, "num_slices": 4}})
+        "convert": {"projection": "mlp", "mlp_ratio": 0.25, "num_slices": 4}})
     options = mechanism.conversion_options("convert", given)
     assert options == expected
-    if "mlp_width" in given and given.get("projection") == "linear":
-        with pytest.raises(ValueError, match="mlp_width=96 applies to projection='mlp' only"):
+    if "mlp_ratio" in given and given.get("projection") == "linear":
+        with pytest.raises(ValueError, match="mlp_ratio=0.25 applies to projection='mlp' only"):
             mechanism.make_config(**options)
     else:
         mechanism.make_config(**options)
@@ -296,7 +297,8 @@ def test_mlp_projection_and_affine_output_are_built_initialised_and_saved(softma
 
 @pytest.mark.parametrize("softmax_checkpoint", ["roberta"], indirect=True)
 def test_a_narrower_mlp_is_built_saved_and_reloaded_with_its_width(softmax_checkpoint, tmp_path):
-    options = {**CONVERSION_OPTIONS, "mlp_width": 5}
+    """mlp_ratio 0.15 of H*D = 32 is 4.8: 5 wide."""
+    options = {**CONVERSION_OPTIONS, "mlp_ratio": 0.15}
     config = hf_sliced_attn.prepare_config(AutoConfig.from_pretrained(softmax_checkpoint), "sliced_relu", **options)
     model = AutoModel.from_pretrained(softmax_checkpoint, config=config).eval()
     projection = model.encoder.layer[0].attention.self.sliced_projection
@@ -306,7 +308,7 @@ def test_a_narrower_mlp_is_built_saved_and_reloaded_with_its_width(softmax_check
     model.save_pretrained(tmp_path)
     reloaded, info = AutoModel.from_pretrained(tmp_path, output_loading_info=True)
     assert not info["missing_keys"] and not info["unexpected_keys"] and not info["mismatched_keys"]
-    assert reloaded.config.hf_sliced_attn["mlp_width"] == 5
+    assert reloaded.config.hf_sliced_attn["mlp_ratio"] == 0.15
     ids = tokens(2, 11)
     with torch.no_grad():
         torch.testing.assert_close(reloaded.eval()(input_ids=ids).last_hidden_state,

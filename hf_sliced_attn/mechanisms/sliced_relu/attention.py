@@ -26,7 +26,8 @@ def build_modules(options: SlicedReluConfig, num_heads: int, head_dim: int, loca
     ``affine_output`` ``sliced_output``, and with a ``local_window`` the module of its ``window_combine``, on
     global layers only: a ``local`` layer (ModernBERT's sliding window) runs the windowed sliced kernel alone."""
     if options.projection == "mlp":
-        projection = SlicedMLPProjection(num_heads, head_dim, options.num_slices, options.mlp_width)
+        projection = SlicedMLPProjection(num_heads, head_dim, options.num_slices,
+                                         options.mlp_hidden_width(num_heads, head_dim))
     else:
         projection = SlicedProjection(num_heads, head_dim, options.num_slices)
     modules: dict[str, nn.Module] = {"sliced_projection": projection}
