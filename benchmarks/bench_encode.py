@@ -11,7 +11,9 @@ encoder, pooling and normalisation: what a user of an embedding model waits for)
 * ``sliced_relu`` and ``rela``: the same model with the attention ``hf-sliced-attn convert`` gives it with no
   tuning flag: the mechanism's conversion options (``Mechanism.conversion_options("convert")``, e.g. sliced_relu's 4 slices,
   MLP projection and affine output) on every layer but the ``keep_softmax_layers`` that the convert defaults keep
-  on softmax (:func:`hf_sliced_attn.conversion.settings.resolve_transfer_config`). Throughput does not depend on
+  on softmax (:func:`hf_sliced_attn.conversion.settings.resolve_transfer_config`);
+* ``sliced_relu_mlp384``: the same with the MLP projection as wide as H*D = 384 (``mlp_ratio=1``, the authors'
+  width): convert's default before ``benchmarks/results/mlp_width/``. Throughput does not depend on
   the weights, so the new modules keep their initialisation, and which layers stay on softmax (convert ranks them
   on its text) does not matter: the first ones are kept.
 
@@ -52,24 +54,31 @@ from hf_sliced_attn.conversion.settings import resolve_transfer_config  # noqa: 
 from hf_sliced_attn.integration import has_local_layers  # noqa: E402
 
 BASELINE = "sdpa"
-CONTENDERS = (BASELINE, "sliced_relu", "rela")
+CONTENDERS: dict[str, tuple[str, dict] | None] = {
+    BASELINE: None,
+    "sliced_relu": ("sliced_relu", {}),
+    "sliced_relu_mlp384": ("sliced_relu", {"mlp_ratio": 1.0}),
+    "rela": ("rela", {}),
+}
+"""Contender -> (its mechanism, the options given over convert's defaults); None: the original, softmax."""
 SHORT_BATCH, LONG_BATCH, LONG_TOKENS = 64, 8, 512
 
 
 def encoder(name: str) -> tuple[SentenceTransformer, list[int]]:
     """The contender's SentenceTransformer in eval mode, and the layers running the plugin's attention."""
     model = SentenceTransformer(str(minilm_folder()), device="cpu")
-    if name == BASELINE:
+    if CONTENDERS[name] is None:
         return model.eval(), []
+    mechanism, given = CONTENDERS[name]
     transformer = model[0]
     config = copy.deepcopy(transformer.auto_model.config)
-    keep = resolve_transfer_config(name, "convert", {}, converted_layers=config.num_hidden_layers,
+    keep = resolve_transfer_config(mechanism, "convert", {}, converted_layers=config.num_hidden_layers,
                                    layers_listed=False, has_local_layers=has_local_layers(config)).keep_softmax_layers
     layers = list(range(keep, config.num_hidden_layers))
-    options = hf_sliced_attn.MECHANISMS[name].conversion_options("convert")
-    config = hf_sliced_attn.prepare_config(config, name, layers=layers, **options)
+    options = hf_sliced_attn.MECHANISMS[mechanism].conversion_options("convert", given)
+    config = hf_sliced_attn.prepare_config(config, mechanism, layers=layers, **options)
     transformer.model = AutoModel.from_pretrained(str(minilm_folder()), config=config)
-    if transformer.auto_model.config._attn_implementation != name:
+    if transformer.auto_model.config._attn_implementation != mechanism:
         raise RuntimeError(f"{name}: the encoder runs {transformer.auto_model.config._attn_implementation!r}")
     return model.eval(), layers
 
@@ -122,8 +131,8 @@ def report(run: Run, args: argparse.Namespace, cases: dict[str, tuple[int, dict[
     lines = ["# Embedding throughput: sentence-transformers `encode`, all-MiniLM-L6-v2 and its conversions", "",
              run.header(), "",
              f"Median of {args.rounds} timed rounds after a warm-up, contenders taking turns; eval mode, "
-             "`torch.inference_mode`. The converted models' attention (the convert defaults, as config.json saves "
-             "it): " + "; ".join(f"`{json.dumps(attention[n])}`" for n in names) + ".", "",
+             "`torch.inference_mode`. The converted models' attention (the convert defaults but where the name says "
+             "otherwise, as config.json saves it): " + "; ".join(f"`{json.dumps(attention[n])}`" for n in names) + ".", "",
              "| inputs | " + " | ".join(f"{n} (sentences/s)" for n in CONTENDERS) + " | "
              + " | ".join(f"{n} / {BASELINE}" for n in names) + " |",
              "|---|" + "---:|" * (len(CONTENDERS) + len(names))]

@@ -25,24 +25,31 @@ def test_every_contender_encodes_short_and_long_inputs(tmp_path):
     assert cases == {(case, name) for case in ("short sentences, batch 64", "512 tokens, batch 8")
                      for name in bench.CONTENDERS}
     assert all(r["sentences_per_s"] > 0 for r in record["results"])
-    for name in ("sliced_relu", "rela"):
-        keep = resolve_transfer_config(name, "convert", {}, converted_layers=6, layers_listed=False,
+    for name, mechanism, given in (("sliced_relu", "sliced_relu", {}), ("rela", "rela", {}),
+                                   ("sliced_relu_mlp384", "sliced_relu", {"mlp_ratio": 1.0})):
+        keep = resolve_transfer_config(mechanism, "convert", {}, converted_layers=6, layers_listed=False,
                                        has_local_layers=False).keep_softmax_layers
         assert record["layers"][name] == list(range(keep, 6))
-        options = hf_sliced_attn.MECHANISMS[name].conversion_options("convert")
+        options = hf_sliced_attn.MECHANISMS[mechanism].conversion_options("convert", given)
         attention = record["attention"][name]
-        assert attention["mechanism"] == name and attention["layers"] == record["layers"][name]
-        assert options.items() <= attention.items()
+        assert attention["mechanism"] == mechanism and attention["layers"] == record["layers"][name]
+        assert {k: v for k, v in options.items() if k != "mlp_ratio"}.items() <= attention.items()
+    assert record["attention"]["sliced_relu"]["mlp_ratio"] == 0.25
+    assert "mlp_ratio" not in record["attention"]["sliced_relu_mlp384"]  # the authors' width: not saved
     markdown = (tmp_path / "encode.md").read_text()
     assert "| 512 tokens, batch 8 |" in markdown and json.dumps(record["attention"]["sliced_relu"]) in markdown
 
 
-@pytest.mark.parametrize("name", ["sliced_relu", "rela"])
+@pytest.mark.parametrize("name", ["sliced_relu", "sliced_relu_mlp384", "rela"])
 def test_a_converted_encoder_keeps_the_embedding_modules(name):
     original, _ = bench.encoder(bench.BASELINE)
     converted, layers = bench.encoder(name)
     modes = [getattr(layer.attention.self, LAYER_MODE_ATTR) for layer in converted[0].auto_model.encoder.layer]
-    assert modes == [name if i in layers else SOFTMAX for i in range(len(modes))]
+    mechanism = bench.CONTENDERS[name][0]
+    assert modes == [mechanism if i in layers else SOFTMAX for i in range(len(modes))]
+    if mechanism == "sliced_relu":
+        width = converted[0].auto_model.encoder.layer[0].attention.self.sliced_projection.width
+        assert width == (384 if name.endswith("mlp384") else 96)
     texts = bench.short_sentences(3)
     embeddings = converted.encode(texts, convert_to_tensor=True)
     assert embeddings.shape == original.encode(texts, convert_to_tensor=True).shape
