@@ -132,7 +132,8 @@ def report(run: Run, args: argparse.Namespace, cases: dict[str, tuple[int, dict[
              run.header(), "",
              f"Median of {args.rounds} timed rounds after a warm-up, contenders taking turns; eval mode, "
              "`torch.inference_mode`. The converted models' attention (the convert defaults but where the name says "
-             "otherwise, as config.json saves it): " + "; ".join(f"`{json.dumps(attention[n])}`" for n in names) + ".", "",
+             "otherwise, as config.json saves it): "
+             + "; ".join(f"`{json.dumps(attention[n])}`" for n in names) + ".", "",
              "| inputs | " + " | ".join(f"{n} (sentences/s)" for n in CONTENDERS) + " | "
              + " | ".join(f"{n} / {BASELINE}" for n in names) + " |",
              "|---|" + "---:|" * (len(CONTENDERS) + len(names))]

@@ -248,7 +248,7 @@ def free_kernel(layers: int) -> Iterator[None]:
         SLICED_ATTENTION.sliced_relu = real
     if free_sliced_relu.calls - calls != layers:
         raise RuntimeError(f"the free kernel ran {free_sliced_relu.calls - calls} times for {layers} converted layers: "
-                           "converted layers no longer call hf_sliced_attn.mechanisms.sliced_relu.attention.sliced_relu")
+                           f"converted layers no longer call {SLICED_ATTENTION.__name__}.sliced_relu")
 
 
 AttentionInterface.register(CEILING, attention_free)
