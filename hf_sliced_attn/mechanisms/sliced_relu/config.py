@@ -48,8 +48,9 @@ class SlicedReluConfig(WindowedConfig):
                 "How queries and keys become scalars. 'linear': M learned directions w per head, "
                 "s = <w, q> and t = <w, k> (the paper's formula). 'mlp': the projection of the authors' "
                 "code (SiwanB/Sliced_ReLU_Attention), one MLP over all heads' concatenated queries "
-                "(keys), Linear(H*D, H*D) -> GELU -> Linear(H*D, H*M); it orders the keys by a "
-                "nonlinear function of every head, and converts softmax checkpoints more faithfully."
+                "(keys), Linear(H*D, W) -> GELU -> Linear(W, H*M) (W = H*D there; mlp_ratio sets it); it "
+                "orders the keys by a nonlinear function of every head, and converts softmax checkpoints more "
+                "faithfully."
             ),
             "choices": ("linear", "mlp"),
         },
