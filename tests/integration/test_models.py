@@ -241,6 +241,13 @@ def test_a_default_mlp_ratio_goes_with_the_mlp(given, expected):
         mechanism.make_config(**options)
 
 
+def test_the_card_names_a_narrower_mlp():
+    mechanism = hf_sliced_attn.MECHANISMS["sliced_relu"]
+    narrow = mechanism.make_config(projection="mlp", mlp_ratio=0.25).describe()
+    assert "mlp projection (hidden width 0.25 x H*D)" in narrow
+    assert "mlp projection" in mechanism.make_config(projection="mlp").describe()
+
+
 def test_given_options_override_the_transfer_defaults():
     mechanism = hf_sliced_attn.MECHANISMS["rela"]
     defaults = mechanism.conversion_options("convert")

@@ -117,7 +117,7 @@ class SlicedReluConfig(WindowedConfig):
         return max(1, round(self.mlp_ratio * num_heads * head_dim))
 
     def describe(self) -> list[str]:
-        width = "" if self.mlp_ratio == 1.0 else f" ({self.mlp_ratio:g} of H*D wide)"
+        width = "" if self.mlp_ratio == 1.0 else f" (hidden width {self.mlp_ratio:g} x H*D)"
         phrases = [f"{self.kernel} kernel", f"{self.num_slices} slice(s) per head",
                    f"{self.projection} projection{width}"]
         if self.affine_output:
