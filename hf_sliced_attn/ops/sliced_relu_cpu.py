@@ -4,8 +4,9 @@ Two kernels, one library each, sharing the sorting and sweeping machinery (``csr
 
 * ReLU (``csrc/sliced_relu_cpu.cpp``, :func:`sliced_relu_cpu`). Per (batch, head, slice) the kernel
   sorts the keys and the queries and makes one merge sweep over both, carrying the prefix sums
-  P_u, P_tu, P_t from query to query. The backward is two more sweeps per slice, from the orders
-  and denominators the forward saved.
+  P_u, P_tu, P_t from query to query. The backward is two more sweeps per slice, from the orders,
+  denominators and mean value the forward saved; each D-wide row is written by a sweep, never
+  filled or reread.
 * Bump (``csrc/sliced_relu_bump_cpu.cpp``, :func:`sliced_relu_bump_cpu`). The same sweep with three
   cursors l <= c <= r through the sorted keys, the window (s - b, s + b) of each query, each carrying
   its running sums of v and t v. The backward is the same sweep again (dL/ds, dL/db), and one over
@@ -40,7 +41,7 @@ __all__ = ["available", "bump_available", "sliced_relu_bump_cpu", "sliced_relu_c
 
 # kernel -> (library csrc/<library>.cpp, entry-point prefix, {step: number of tensor arguments}).
 _LIBRARIES = {
-    "relu": ("sliced_relu_cpu", "sliced_relu", {"forward": 8, "backward": 12}),
+    "relu": ("sliced_relu_cpu", "sliced_relu", {"forward": 9, "backward": 13}),
     "bump": ("sliced_relu_bump_cpu", "sliced_relu_bump", {"forward": 8, "backward": 12}),
 }
 
@@ -89,49 +90,51 @@ def _sizes(s: Tensor, v: Tensor) -> tuple[int, ...]:
 
 
 @torch.library.custom_op("hf_sliced_attn::sliced_relu_cpu", mutates_args=(), device_types="cpu")
-def _forward(s: Tensor, t: Tensor, v: Tensor, valid: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+def _forward(s: Tensor, t: Tensor, v: Tensor, valid: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     """s (B, H, M, Tq), t (B, H, M, Tk) float64 and valid (B, Tk) bool, contiguous; v (B, H, Tk, D)
     float32/64 with a contiguous last dim -> out (B, H, Tq, D) in v's dtype, laid out as
     (B, Tq, H, D) (what attention layers reshape next), den (B, H, M, Tq) float64 (the kernel's
-    normaliser, differentiable), and for the backward key_order (B, H, M, Tk) int32 and query_order
-    (B, H, M, Tq) int32."""
+    normaliser, differentiable), and for the backward key_order (B, H, M, Tk) int32, query_order
+    (B, H, M, Tq) int32 and value_mean (B, H, D) float64 (the valid keys' mean value)."""
     sizes = _sizes(s, v)
     batch, heads, slices, q_len, k_len, dim = sizes
     out = _output(v, batch, heads, q_len, dim)
     key_order = torch.empty(batch, heads, slices, k_len, dtype=torch.int32)
     query_order = torch.empty(batch, heads, slices, q_len, dtype=torch.int32)
     den = torch.empty(batch, heads, slices, q_len, dtype=torch.float64)
-    _call("relu", "forward", v, sizes, (s, t, v, valid, out, key_order, query_order, den), (v, out))
-    return out, den, key_order, query_order
+    value_mean = torch.empty(batch, heads, dim, dtype=torch.float64)
+    _call("relu", "forward", v, sizes, (s, t, v, valid, out, key_order, query_order, den, value_mean), (v, out))
+    return out, den, key_order, query_order, value_mean
 
 
 @_forward.register_fake
-def _(s: Tensor, t: Tensor, v: Tensor, valid: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+def _(s: Tensor, t: Tensor, v: Tensor, valid: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     batch, heads, slices, q_len, k_len, dim = _sizes(s, v)
     return (
         _output(v, batch, heads, q_len, dim),
         s.new_empty(batch, heads, slices, q_len),
         s.new_empty(batch, heads, slices, k_len, dtype=torch.int32),
         s.new_empty(batch, heads, slices, q_len, dtype=torch.int32),
+        s.new_empty(batch, heads, dim),
     )
 
 
 @torch.library.custom_op("hf_sliced_attn::sliced_relu_cpu_backward", mutates_args=(), device_types="cpu")
 def _backward(
     grad: Tensor, grad_den: Tensor, s: Tensor, t: Tensor, v: Tensor, valid: Tensor, key_order: Tensor,
-    query_order: Tensor, den: Tensor,
+    query_order: Tensor, den: Tensor, value_mean: Tensor,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """grad (B, H, Tq, D) in v's dtype with a contiguous last dim, grad_den (B, H, M, Tq) float64 contiguous (the
     gradient in den), and the forward's inputs and saved state -> dL/ds, dL/dt (float64) and dL/dv (v's dtype and
     layout)."""
     ds, dt, dv = torch.empty_like(s), torch.empty_like(t), torch.empty_like(v)
-    tensors = (grad, grad_den, s, t, v, valid, key_order, query_order, den, ds, dt, dv)
+    tensors = (grad, grad_den, s, t, v, valid, key_order, query_order, den, value_mean, ds, dt, dv)
     _call("relu", "backward", v, _sizes(s, v), tensors, (grad, v, dv))
     return ds, dt, dv
 
 
 @_backward.register_fake
-def _(grad, grad_den, s, t, v, valid, key_order, query_order, den) -> tuple[Tensor, Tensor, Tensor]:
+def _(grad, grad_den, s, t, v, valid, key_order, query_order, den, value_mean) -> tuple[Tensor, Tensor, Tensor]:
     return torch.empty_like(s), torch.empty_like(t), torch.empty_like(v)
 
 
@@ -149,16 +152,17 @@ def _setup_context(ctx, inputs: tuple[Tensor, ...], output: tuple[Tensor, ...]) 
 
 
 def _relu_setup_context(ctx, inputs: tuple[Tensor, ...], output: tuple[Tensor, ...]) -> None:
-    """The ReLU kernel: as :func:`_setup_context`, with den, after the output, differentiable and saved."""
-    _, den, *orders = output
-    ctx.mark_non_differentiable(*orders)
-    ctx.save_for_backward(*inputs, *orders, den)
+    """The ReLU kernel: as :func:`_setup_context`, with den, after the output, differentiable and saved, and the
+    value mean (not differentiable) saved after it."""
+    _, den, *orders, value_mean = output
+    ctx.mark_non_differentiable(*orders, value_mean)
+    ctx.save_for_backward(*inputs, *orders, den, value_mean)
 
 
 def _backward_rule(ctx, grad: Tensor, grad_den: Tensor | None, *_unused: Tensor) -> tuple[Tensor, Tensor, Tensor, None]:
-    s, t, v, valid, key_order, query_order, den = ctx.saved_tensors
+    s, t, v, valid, key_order, query_order, den, value_mean = ctx.saved_tensors
     grad_den = torch.zeros_like(den) if grad_den is None else grad_den.to(den.dtype).contiguous()
-    ds, dt, dv = _backward(_rows(grad.to(v.dtype)), grad_den, s, t, v, valid, key_order, query_order, den)
+    ds, dt, dv = _backward(_rows(grad.to(v.dtype)), grad_den, s, t, v, valid, key_order, query_order, den, value_mean)
     return ds, dt, dv, None
 
 

@@ -96,7 +96,8 @@ def test_non_contiguous_inputs():
 def test_the_saved_orders_sort_the_scalars(length, layout):
     """The orders the forward saves are the stable ascending orders of the valid keys (then the padded keys) and of
     the queries, whichever sort ran (insertion up to 64 scalars, buckets up to 512 unless they cluster, radix passes):
-    for normal scalars, for float64 scalars whose range (+-1e308) overflows, and for ties with signed zeros."""
+    for normal scalars, for float64 scalars whose range (+-1e308) overflows, and for ties with signed zeros; and the
+    valid keys' mean value it saves for the backward."""
     generator = torch.Generator().manual_seed(length)
     s = torch.randn(2, 3, 2, length, dtype=torch.float64, generator=generator)
     t = torch.randn(2, 3, 2, length, dtype=torch.float64, generator=generator)
@@ -108,7 +109,9 @@ def test_the_saved_orders_sort_the_scalars(length, layout):
     valid = torch.ones(2, length, dtype=torch.bool)
     valid[1, length // 2:] = False
     v = torch.randn(2, 3, length, 4, dtype=torch.float64, generator=generator)
-    _, _, key_order, query_order = sliced_relu_cpu._forward(s, t, v, valid)
+    _, _, key_order, query_order, value_mean = sliced_relu_cpu._forward(s, t, v, valid)
+    expected_mean = (v * valid[:, None, :, None]).sum(2) / valid.sum(1)[:, None, None]
+    torch.testing.assert_close(value_mean, expected_mean)  # the backward's vbar, saved by the forward
 
     def stable_order(x: torch.Tensor) -> torch.Tensor:  # ascending, -0 before +0, ties in index order
         return torch.tensor(sorted(range(len(x)), key=lambda i: (x[i].item(), str(x[i].item())[0] != "-")))

@@ -21,7 +21,11 @@
 //     dL/dt_j = sum_{s_i > t_j} e_i - sum_{s_i < t_j} e_i - u_j . S_w(j)    (both sweeps)
 //     dL/du_j = S_sw(j) - t_j S_w(j),  S_w(j) = sum_{s_i > t_j} w_i g_i,  S_sw(j) = sum s_i w_i g_i
 //                                                                         (descending sweep)
-//     dL/dv_j = dL/du_j - mean over the valid keys of dL/du.
+//     dL/dv_j = dL/du_j - mean over the valid keys of dL/du,
+//
+// that mean in closed form from the ascending sweep: sum_j dL/du_j = sum_i w_i g_i (c_i s_i - P_t(c_i))
+// (key j is below query i in exactly the terms of S_w(j) and S_sw(j)), so that the descending sweep of
+// the last slice writes dL/dv itself.
 //
 // (d den_i / d s_i = sum_l sign(s_i - t_l) and d den_i / d t_j = -sign(s_i - t_j), so h_i joins the
 // terms of e_i.) Ties contribute 0 to the output; at a tie sign(0) = 0. A query whose denominator is
@@ -32,9 +36,11 @@
 // v (B, H, Tk, D), out (B, H, Tq, D) and the gradients with any (batch, head, token) strides
 // and a contiguous last dim (so that (B, T, H, D) buffers need no transposed copies); the
 // forward also writes den (G, M, Tq) double, and for the backward key_order (G, M, Tk) int32
-// (the valid keys in ascending order of t, then the padded keys) and query_order (G, M, Tq) int32
-// (ascending s); the backward reads den's gradient grad_den (G, M, Tq) double. Groups are split over
-// torch's intra-op threads (at::parallel_for). Entry points return 0, or 1 after an exception.
+// (the valid keys in ascending order of t, then the padded keys), query_order (G, M, Tq) int32
+// (ascending s) and value_mean (G, D) double (vbar); the backward reads den's gradient grad_den
+// (G, M, Tq) double. The first slice's sweep writes each D-wide output row, the others add to it, so
+// that no output is filled first. Groups are split over torch's intra-op threads (at::parallel_for).
+// Entry points return 0, or 1 after an exception.
 // The layouts, the sorting and the threads are shared with the bump kernel (sorted_sweep.h).
 
 #include "sorted_sweep.h"
@@ -49,22 +55,18 @@ namespace {
 
 using namespace sorted_sweep;
 
-// The valid keys of one group and their mean value (double, D).
+// mean (D) = the mean value row over the valid keys (0 without any).
 template <typename Scalar>
-struct CentredKeys : ValidKeys {
-  std::vector<double> mean;
-
-  void load(const Shape& shape, const std::uint8_t* valid_row, Rows<const Scalar> v) {
-    ValidKeys::load(valid_row, shape.k_len);
-    mean.assign(shape.dim, 0.0);
-    for (auto j : index) {
-      const Scalar* row = v[j];
-      for (Index d = 0; d < shape.dim; ++d) mean[d] += row[d];
-    }
-    const double count = std::max<double>(1.0, static_cast<double>(index.size()));
-    for (auto& x : mean) x /= count;
+void valid_mean(const ValidKeys& keys, Rows<const Scalar> v, Index dim, double* __restrict mean) {
+  std::fill(mean, mean + dim, 0.0);
+  for (auto j : keys.index) {
+    const Scalar* __restrict row = v[j];
+#pragma omp simd
+    for (Index d = 0; d < dim; ++d) mean[d] += row[d];
   }
-};
+  const double count = std::max<double>(1.0, static_cast<double>(keys.n()));
+  for (Index d = 0; d < dim; ++d) mean[d] /= count;
+}
 
 // The ascending sweep's running sums: P_u, P_tu (D) and P_t over the c keys below a point.
 template <typename Scalar>
@@ -80,19 +82,18 @@ struct RunningPrefix {
     c = 0;
   }
   // Take in every key below `point`.
-  void advance(double point, const SortedSlice& slice, Rows<const Scalar> v, const std::vector<double>& mean) {
-    const Index dim = static_cast<Index>(mean.size());
+  void advance(double point, const SortedSlice& slice, Rows<const Scalar> v, const double* __restrict mean) {
+    const Index dim = static_cast<Index>(pu.size());
     const Index n = static_cast<Index>(slice.ts.size());
     double* __restrict pu_ = pu.data();
     double* __restrict ptu_ = ptu.data();
-    const double* __restrict mean_ = mean.data();
     for (; c < n && slice.ts[c] < point; ++c) {
       if (c + kAhead < n) prefetch_row(v[slice.key_index[c + kAhead]], dim);
       const double tk = slice.ts[c];
       const Scalar* __restrict row = v[slice.key_index[c]];
 #pragma omp simd
       for (Index d = 0; d < dim; ++d) {
-        const double u = static_cast<double>(row[d]) - mean_[d];
+        const double u = static_cast<double>(row[d]) - mean[d];
         pu_[d] += u;
         ptu_[d] += tk * u;
       }
@@ -104,17 +105,18 @@ struct RunningPrefix {
 template <typename Scalar>
 void forward_group(const Shape& shape, Index g, const double* s, const double* t, const Scalar* v,
                    const std::uint8_t* valid, Scalar* out, std::int32_t* key_order, std::int32_t* query_order,
-                   double* den, const Index* strides) {
+                   double* den, double* value_mean, const Index* strides) {
   const Index M = shape.slices, Tq = shape.q_len, Tk = shape.k_len, D = shape.dim;
   const Rows<const Scalar> vg = group_rows(v, strides, shape, g);
   const Rows<Scalar> og = group_rows(out, strides + 3, shape, g);
-  thread_local CentredKeys<Scalar> keys;
+  thread_local ValidKeys keys;
   thread_local SortedSlice slice;
   thread_local RunningPrefix<Scalar> prefix;
   const std::uint8_t* valid_row = valid + (g / shape.heads) * Tk;
-  keys.load(shape, valid_row, vg);
+  keys.load(valid_row, Tk);
+  double* mean = value_mean + g * D;
+  valid_mean(keys, vg, D, mean);
   const Index n = keys.n();
-  fill_rows(og, Tq, D, Scalar(0));
   for (Index m = 0; m < M; ++m) {
     const Index gm = g * M + m;
     std::int32_t* ko = key_order + gm * Tk;
@@ -131,56 +133,69 @@ void forward_group(const Shape& shape, Index g, const double* s, const double* t
     for (Index q = 0; q < Tq; ++q) {
       if (q + kAhead < Tq) prefetch_row(og[slice.query_index[q + kAhead]], D);
       const double si = slice.ss[q];
-      prefix.advance(si, slice, vg, keys.mean);
+      prefix.advance(si, slice, vg, mean);
       const Index i = slice.query_index[q];
       const double d_i = si * static_cast<double>(2 * prefix.c - n) + slice.total_t - 2.0 * prefix.pt;
       dg[i] = d_i;
-      if (!(d_i > 0.0)) continue;
-      const double w = 1.0 / (static_cast<double>(M) * d_i);
       Scalar* __restrict row = og[i];
+      if (!(d_i > 0.0)) {
+        if (m == 0) std::fill(row, row + D, Scalar(0));
+        continue;
+      }
+      const double w = 1.0 / (static_cast<double>(M) * d_i);
       const double* __restrict pu = prefix.pu.data();
       const double* __restrict ptu = prefix.ptu.data();
+      if (m == 0) {
 #pragma omp simd
-      for (Index d = 0; d < D; ++d) row[d] += static_cast<Scalar>((si * pu[d] - ptu[d]) * w);
+        for (Index d = 0; d < D; ++d) row[d] = static_cast<Scalar>((si * pu[d] - ptu[d]) * w);
+      } else {
+#pragma omp simd
+        for (Index d = 0; d < D; ++d) row[d] += static_cast<Scalar>((si * pu[d] - ptu[d]) * w);
+      }
     }
   }
 }
 
-// Per-thread scratch of the backward.
+// Per-thread scratch of the backward: per sorted query e_i and w_i, the descending sweep's S_w and S_sw,
+// sum_j dL/du_j over the slices so far (du_sum), and what the last slice subtracts from each row (shift).
 struct BackwardScratch {
-  std::vector<double> e, w, s_w, s_sw, du_mean;
+  std::vector<double> e, w, s_w, s_sw, du_sum, shift;
 };
 
 // Ascending sweep: dL/ds and e_i (per sorted query) for one slice, from the output's gradients gg and
-// the denominators' gradients hg; fills scratch.e, scratch.w.
+// the denominators' gradients hg; fills scratch.e, scratch.w and adds sum_j dL/du_j into scratch.du_sum.
 template <typename Scalar>
-void scalar_gradients(const Shape& shape, const SortedSlice& slice, const CentredKeys<Scalar>& keys,
+void scalar_gradients(const Shape& shape, const SortedSlice& slice, Index n, const double* mean,
                       Rows<const Scalar> vg, Rows<const Scalar> gg, const double* dg, const double* hg, double* ds,
                       BackwardScratch& scratch, RunningPrefix<Scalar>& prefix) {
-  const Index M = shape.slices, Tq = shape.q_len, D = shape.dim, n = keys.n();
+  const Index M = shape.slices, Tq = shape.q_len, D = shape.dim;
   scratch.e.assign(Tq, 0.0);
   scratch.w.assign(Tq, 0.0);
+  double* __restrict du_sum = scratch.du_sum.data();
   prefix.reset(D);
   Index at_or_below = 0;
   for (Index q = 0; q < Tq; ++q) {
     const double si = slice.ss[q];
     const Index i = slice.query_index[q];
     if (q + kAhead < Tq) prefetch_row(gg[slice.query_index[q + kAhead]], D);
-    prefix.advance(si, slice, vg, keys.mean);
+    prefix.advance(si, slice, vg, mean);
     at_or_below = std::max(at_or_below, prefix.c);
     while (at_or_below < n && slice.ts[at_or_below] <= si) ++at_or_below;
     const double d_i = dg[i];
     ds[i] = 0.0;
     if (!(d_i > 0.0)) continue;
     const double w = 1.0 / (static_cast<double>(M) * d_i);
+    const double below = w * (static_cast<double>(prefix.c) * si - prefix.pt);  // w_i (c_i s_i - P_t(c_i))
     const Scalar* __restrict grow = gg[i];
     const double* __restrict pu = prefix.pu.data();
     const double* __restrict ptu = prefix.ptu.data();
     double dot_u = 0.0, dot_tu = 0.0;
 #pragma omp simd reduction(+ : dot_u, dot_tu)
     for (Index d = 0; d < D; ++d) {
-      dot_u += grow[d] * pu[d];
-      dot_tu += grow[d] * ptu[d];
+      const double gd = grow[d];
+      dot_u += gd * pu[d];
+      dot_tu += gd * ptu[d];
+      du_sum[d] += below * gd;
     }
     const double e = w * (si * dot_u - dot_tu) / d_i - hg[i];
     ds[i] = w * dot_u - e * static_cast<double>(prefix.c + at_or_below - n);
@@ -205,17 +220,19 @@ inline void key_sign_gradients(const SortedSlice& slice, const std::vector<doubl
   }
 }
 
-// Descending sweep: adds dL/du_j into du (Tk, D) and -u_j . S_w(j) into dt, for the valid keys.
+// Descending sweep: dL/du_j of this slice for the valid keys, written into du (Tk, D) by the first slice
+// (``first``) and added by the others, less scratch.shift (the last slice's: the mean of dL/du over the
+// slices, so that du ends as dL/dv); and -u_j . S_w(j) added into dt.
 template <typename Scalar>
-void value_gradients(const Shape& shape, const SortedSlice& slice, const CentredKeys<Scalar>& keys,
-                     Rows<const Scalar> vg, Rows<const Scalar> gg, Rows<Scalar> du, double* dt,
+void value_gradients(const Shape& shape, const SortedSlice& slice, Index n, const double* __restrict mean,
+                     Rows<const Scalar> vg, Rows<const Scalar> gg, Rows<Scalar> du, double* dt, bool first,
                      BackwardScratch& scratch) {
-  const Index Tq = shape.q_len, D = shape.dim, n = keys.n();
+  const Index Tq = shape.q_len, D = shape.dim;
   scratch.s_w.assign(D, 0.0);
   scratch.s_sw.assign(D, 0.0);
   double* __restrict s_w = scratch.s_w.data();
   double* __restrict s_sw = scratch.s_sw.data();
-  const double* __restrict mean = keys.mean.data();
+  const double* __restrict shift = scratch.shift.data();
   Index q = Tq - 1;
   for (Index k = n - 1; k >= 0; --k) {
     if (k >= kAhead) {
@@ -239,10 +256,18 @@ void value_gradients(const Shape& shape, const SortedSlice& slice, const Centred
     const Scalar* __restrict row = vg[j];
     Scalar* __restrict du_row = du[j];
     double dot = 0.0;
+    if (first) {
 #pragma omp simd reduction(+ : dot)
-    for (Index d = 0; d < D; ++d) {
-      du_row[d] += static_cast<Scalar>(s_sw[d] - tk * s_w[d]);
-      dot += (static_cast<double>(row[d]) - mean[d]) * s_w[d];
+      for (Index d = 0; d < D; ++d) {
+        du_row[d] = static_cast<Scalar>(s_sw[d] - tk * s_w[d] - shift[d]);
+        dot += (static_cast<double>(row[d]) - mean[d]) * s_w[d];
+      }
+    } else {
+#pragma omp simd reduction(+ : dot)
+      for (Index d = 0; d < D; ++d) {
+        du_row[d] = static_cast<Scalar>(du_row[d] + (s_sw[d] - tk * s_w[d] - shift[d]));
+        dot += (static_cast<double>(row[d]) - mean[d]) * s_w[d];
+      }
     }
     dt[j] -= dot;
   }
@@ -251,44 +276,43 @@ void value_gradients(const Shape& shape, const SortedSlice& slice, const Centred
 template <typename Scalar>
 void backward_group(const Shape& shape, Index g, const Scalar* grad, const double* grad_den, const double* s,
                     const double* t, const Scalar* v, const std::uint8_t* valid, const std::int32_t* key_order,
-                    const std::int32_t* query_order, const double* den, double* ds, double* dt, Scalar* dv,
-                    const Index* strides) {
+                    const std::int32_t* query_order, const double* den, const double* value_mean, double* ds,
+                    double* dt, Scalar* dv, const Index* strides) {
   const Index M = shape.slices, Tq = shape.q_len, Tk = shape.k_len, D = shape.dim;
   const Rows<const Scalar> gg = group_rows(grad, strides, shape, g);
   const Rows<const Scalar> vg = group_rows(v, strides + 3, shape, g);
-  const Rows<Scalar> dvg = group_rows(dv, strides + 6, shape, g);  // dL/du over the slices, then dL/dv
-  thread_local CentredKeys<Scalar> keys;
+  const Rows<Scalar> dvg = group_rows(dv, strides + 6, shape, g);
+  thread_local ValidKeys keys;
   thread_local SortedSlice slice;
   thread_local RunningPrefix<Scalar> prefix;
   thread_local BackwardScratch scratch;
-  keys.load(shape, valid + (g / shape.heads) * Tk, vg);
+  const std::uint8_t* valid_row = valid + (g / shape.heads) * Tk;
+  keys.load(valid_row, Tk);
   const Index n = keys.n();
-  fill_rows(dvg, Tk, D, Scalar(0));
+  const double* mean = value_mean + g * D;
+  for (Index j = 0; j < Tk; ++j)  // the sweeps write the valid keys' rows only
+    if (!valid_row[j]) std::fill(dvg[j], dvg[j] + D, Scalar(0));
+  scratch.du_sum.assign(D, 0.0);
+  scratch.shift.assign(D, 0.0);
   bool finite = true;
   for (Index m = 0; m < M; ++m) {
     const Index gm = g * M + m;
     double* dtm = dt + gm * Tk;
     std::fill(dtm, dtm + Tk, 0.0);
     slice.load(s + gm * Tq, t + gm * Tk, keys.index, key_order + gm * Tk, query_order + gm * Tq, Tq);
-    scalar_gradients(shape, slice, keys, vg, gg, den + gm * Tq, grad_den + gm * Tq, ds + gm * Tq, scratch, prefix);
+    scalar_gradients(shape, slice, n, mean, vg, gg, den + gm * Tq, grad_den + gm * Tq, ds + gm * Tq, scratch,
+                     prefix);
     for (Index i = 0; i < Tq; ++i) finite = finite && !std::isnan(den[gm * Tq + i]);
     key_sign_gradients(slice, scratch.e, dtm);
-    value_gradients(shape, slice, keys, vg, gg, dvg, dtm, scratch);
+    if (m == M - 1 && n > 0)  // v enters through u = v - vbar: dL/dv is dL/du less its mean over the valid keys
+      for (Index d = 0; d < D; ++d) scratch.shift[d] = scratch.du_sum[d] / static_cast<double>(n);
+    value_gradients(shape, slice, n, mean, vg, gg, dvg, dtm, m == 0, scratch);
   }
   if (!finite) {
     fill_rows(dvg, Tk, D, std::numeric_limits<Scalar>::quiet_NaN());
     std::fill(ds + g * M * Tq, ds + (g + 1) * M * Tq, std::numeric_limits<double>::quiet_NaN());
     std::fill(dt + g * M * Tk, dt + (g + 1) * M * Tk, std::numeric_limits<double>::quiet_NaN());
-    return;
   }
-  // v enters through u = v - vbar: dL/dv is dL/du minus its mean over the valid keys.
-  std::vector<double>& mean = scratch.du_mean;
-  mean.assign(D, 0.0);
-  for (auto j : keys.index)
-    for (Index d = 0; d < D; ++d) mean[d] += dvg[j][d];
-  for (auto& x : mean) x /= std::max<double>(1.0, static_cast<double>(n));
-  for (auto j : keys.index)
-    for (Index d = 0; d < D; ++d) dvg[j][d] = static_cast<Scalar>(dvg[j][d] - mean[d]);
 }
 
 }  // namespace
@@ -299,14 +323,15 @@ void backward_group(const Shape& shape, Index g, const Scalar* grad, const doubl
   SORTED_SWEEP_ENTRY_POINT(sliced_relu_forward_##SUFFIX, forward_group<Scalar>,                                   \
                            (const double* s, const double* t, const Scalar* v, const std::uint8_t* valid,         \
                             Scalar* out, std::int32_t* key_order, std::int32_t* query_order, double* den,         \
-                            const Index* strides),                                                                \
-                           (s, t, v, valid, out, key_order, query_order, den, strides))                           \
+                            double* value_mean, const Index* strides),                                            \
+                           (s, t, v, valid, out, key_order, query_order, den, value_mean, strides))               \
   SORTED_SWEEP_ENTRY_POINT(sliced_relu_backward_##SUFFIX, backward_group<Scalar>,                                 \
                            (const Scalar* grad, const double* grad_den, const double* s, const double* t,        \
                             const Scalar* v, const std::uint8_t* valid, const std::int32_t* key_order,            \
-                            const std::int32_t* query_order, const double* den, double* ds, double* dt,           \
-                            Scalar* dv, const Index* strides),                                                    \
-                           (grad, grad_den, s, t, v, valid, key_order, query_order, den, ds, dt, dv, strides))
+                            const std::int32_t* query_order, const double* den, const double* value_mean,         \
+                            double* ds, double* dt, Scalar* dv, const Index* strides),                            \
+                           (grad, grad_den, s, t, v, valid, key_order, query_order, den, value_mean, ds, dt, dv,  \
+                            strides))
 
 SLICED_RELU_ENTRY_POINTS(f32, float)
 SLICED_RELU_ENTRY_POINTS(f64, double)
