@@ -38,17 +38,19 @@ def _mask(batch: int, length: int) -> torch.Tensor:
     return mask
 
 
+@pytest.mark.parametrize("biases", [(True, True), (False, False), (True, False)], ids=["bias", "nobias", "qbias"])
 @pytest.mark.parametrize("masked", [False, True], ids=["nomask", "mask"])
 @pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
 @pytest.mark.parametrize("projection_name", PROJECTIONS)
-def test_project_input_equals_projecting_q_and_k(projection_name, compiled, masked):
+def test_project_input_equals_projecting_q_and_k(projection_name, compiled, masked, biases):
     """``project_input(x, query, key)`` gives ``forward(query(x), key(x))``: the scalars, and the gradients
-    of x, of both Linear layers and of the projection."""
+    of x, of both Linear layers and of the projection; with or without the layers' biases, or with the
+    query's alone (queries and keys go through one product)."""
     torch.manual_seed(0)
     batch, length, width, heads, dim, slices = 3, 7, 10, 2, 4, 3
     projection = PROJECTIONS[projection_name](heads, dim, slices)
     projection.init_weights(0.5)
-    query, key = nn.Linear(width, heads * dim), nn.Linear(width, heads * dim)
+    query, key = (nn.Linear(width, heads * dim, bias=bias) for bias in biases)
     x = torch.randn(batch, length, width)
     mask = _mask(batch, length) if masked else None
     weights = [torch.randn(batch, heads, slices, length) for _ in range(2)]
@@ -65,6 +67,7 @@ def test_project_input_equals_projecting_q_and_k(projection_name, compiled, mask
 
     project_input = projection.project_input
     if compiled:
+        torch._dynamo.reset()  # one code object compiled anew for each case, not against dynamo's recompile limit
         project_input = torch.compile(project_input, fullgraph=True, backend="aot_eager")
     got, got_grads = scalars_and_grads(lambda inputs: project_input(inputs, query, key, mask))
     want, want_grads = scalars_and_grads(lambda inputs: projection(heads_of(query(inputs)), heads_of(key(inputs)), mask))

@@ -34,12 +34,29 @@ def _per_head(scalars: torch.Tensor, heads: int, slices: int) -> torch.Tensor:
     return scalars.view(batch, length, heads, slices).permute(0, 2, 3, 1)
 
 
+def _query_and_key(scalars: torch.Tensor, heads: int, slices: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(B, T, 2*H*M), the queries' scalars then the keys', -> s and t, each (B, H, M, T)."""
+    query_scalars, key_scalars = scalars.chunk(2, dim=-1)
+    return _per_head(query_scalars, heads, slices), _per_head(key_scalars, heads, slices)
+
+
 def _after(linear: nn.Linear, weight: torch.Tensor, bias: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The weight and bias of ``x -> F.linear(linear(x), weight, bias)``: one affine map, (out, in_features)."""
     folded_bias = None if linear.bias is None else linear.bias @ weight.T
     if bias is not None:
         folded_bias = bias if folded_bias is None else folded_bias + bias
     return weight @ linear.weight, folded_bias
+
+
+def _after_query_and_key(query: nn.Linear, key: nn.Linear, weight: torch.Tensor, bias: torch.Tensor | None
+                         ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """:func:`_after` of ``query`` and of ``key`` side by side: the weight (2*out, in_features) and bias of
+    ``x -> [F.linear(query(x), weight, bias), F.linear(key(x), weight, bias)]``, one product for both."""
+    (query_weight, query_bias), (key_weight, key_bias) = _after(query, weight, bias), _after(key, weight, bias)
+    if query_bias is None and key_bias is None:
+        return torch.cat([query_weight, key_weight]), None
+    query_bias, key_bias = (b if b is not None else weight.new_zeros(weight.shape[0]) for b in (query_bias, key_bias))
+    return torch.cat([query_weight, key_weight]), torch.cat([query_bias, key_bias])
 
 
 class SlicedProjection(PluginModule):
@@ -56,7 +73,7 @@ class SlicedProjection(PluginModule):
 
     :meth:`project_input` gives the same scalars from the layer input x when q = W_q x + b_q:
     s = (W_q^T P) x + P^T b_q, P the block-diagonal matrix, an (H*M)-wide product instead of
-    the (H*D)-wide q.
+    the (H*D)-wide q; s and t come out of one (2*H*M)-wide product.
     """
 
     def __init__(self, num_heads: int, head_dim: int, num_slices: int = 1) -> None:
@@ -89,11 +106,8 @@ class SlicedProjection(PluginModule):
         """``forward`` of q = ``query(hidden_states)`` and k = ``key(hidden_states)`` viewed as (B, H, T, D),
         from the layer input (B, T, C) without forming q and k. ``token_mask`` is unused, as in ``forward``."""
         weight = self._block_diagonal(query.weight.dtype).T  # (H*M, H*D)
-        query_scalars, key_scalars = (
-            _per_head(nn.functional.linear(hidden_states, *_after(linear, weight, None)), self.num_heads, self.num_slices)
-            for linear in (query, key)
-        )
-        return query_scalars, key_scalars
+        scalars = nn.functional.linear(hidden_states, *_after_query_and_key(query, key, weight, None))
+        return _query_and_key(scalars, self.num_heads, self.num_slices)
 
     def extra_repr(self) -> str:
         return f"num_heads={self.num_heads}, head_dim={self.head_dim}, num_slices={self.num_slices}"
@@ -121,7 +135,9 @@ class SlicedMLPProjection(PluginModule):
     :meth:`project_input` gives the same scalars from the layer input x when q = W_q x + b_q:
     ``hidden`` (A, c) after the query layer is one affine map, GELU((A W_q) x + A b_q + c), so
     the tokens go through one (W x C) product instead of the (H*D x C) and (W x H*D) ones; folding
-    A W_q costs a (W x H*D x C) product once (:meth:`folds`).
+    A W_q costs a (W x H*D x C) product once (:meth:`folds`). Queries and keys share the input
+    there: its real tokens are selected once and go through one (2W x C) product, then
+    ``to_scalars`` on both halves at once.
     """
 
     def __init__(self, num_heads: int, head_dim: int, num_slices: int = 1, width: int | None = None) -> None:
@@ -139,13 +155,16 @@ class SlicedMLPProjection(PluginModule):
             init.zeros_(linear.bias)
 
     def _scalars(
-        self, tokens: torch.Tensor, first_layer: Callable[[torch.Tensor], torch.Tensor], token_mask: torch.Tensor | None
+        self, tokens: torch.Tensor, first_layer: Callable[[torch.Tensor], torch.Tensor], token_mask: torch.Tensor | None,
+        parts: int = 1,
     ) -> torch.Tensor:
-        """(B, T, F) tokens, the map of F-wide rows to ``hidden``'s pre-activations, and a (B, T) bool
-        mask or None -> (B, H, M, T), 0 at padded tokens."""
+        """(B, T, F) tokens, the map of F-wide rows to ``parts`` of ``hidden``'s pre-activations side by side
+        (parts * W), and a (B, T) bool mask or None -> (B, T, parts * H*M), each part's scalars side by side, 0
+        at padded tokens."""
 
-        def mlp(rows: torch.Tensor) -> torch.Tensor:
-            return self.to_scalars(self.activation(first_layer(rows)))
+        def mlp(rows: torch.Tensor) -> torch.Tensor:  # (..., F) -> (..., parts * H*M)
+            hidden = self.activation(first_layer(rows)).unflatten(-1, (parts, self.width))
+            return self.to_scalars(hidden).flatten(-2)
 
         if token_mask is not None and torch.compiler.is_compiling():
             scalars = torch.where(token_mask.unsqueeze(-1), mlp(tokens), 0.0)
@@ -156,7 +175,7 @@ class SlicedMLPProjection(PluginModule):
             flat = tokens.reshape(-1, tokens.shape[-1])
             selected = mlp(flat.index_select(0, real))
             scalars = selected.new_zeros(flat.shape[0], selected.shape[-1]).index_copy(0, real, selected)
-        return _per_head(scalars.view(*tokens.shape[:2], -1), self.num_heads, self.num_slices)
+        return scalars.view(*tokens.shape[:2], -1)
 
     @staticmethod
     def _check_token_mask(token_mask: torch.Tensor | None, tokens: tuple[int, ...], same_tokens: bool, inputs: str) -> None:
@@ -171,7 +190,8 @@ class SlicedMLPProjection(PluginModule):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         self._check_token_mask(token_mask, (query.shape[0], query.shape[2]), key.shape == query.shape,
                                f"queries {tuple(query.shape)} and keys {tuple(key.shape)}")
-        return tuple(self._scalars(_tokens(x), self.hidden, token_mask) for x in (query, key))
+        return tuple(_per_head(self._scalars(_tokens(x), self.hidden, token_mask), self.num_heads, self.num_slices)
+                     for x in (query, key))
 
     def folds(self, num_tokens: int, in_features: int) -> bool:
         """Whether :meth:`project_input` costs less than the query and key layers plus :meth:`forward`
@@ -187,12 +207,10 @@ class SlicedMLPProjection(PluginModule):
         """``forward`` of q = ``query(hidden_states)`` and k = ``key(hidden_states)`` viewed as (B, H, T, D),
         from the layer input (B, T, C) with ``hidden`` folded into ``query`` and ``key``."""
         self._check_token_mask(token_mask, tuple(hidden_states.shape[:2]), True, f"an input {tuple(hidden_states.shape)}")
-        scalars = []
-        for linear in (query, key):
-            weight, bias = _after(linear, self.hidden.weight, self.hidden.bias)
-            scalars.append(self._scalars(hidden_states, functools.partial(nn.functional.linear, weight=weight, bias=bias),
-                                         token_mask))
-        return scalars[0], scalars[1]
+        weight, bias = _after_query_and_key(query, key, self.hidden.weight, self.hidden.bias)
+        first_layer = functools.partial(nn.functional.linear, weight=weight, bias=bias)
+        return _query_and_key(self._scalars(hidden_states, first_layer, token_mask, parts=2), self.num_heads,
+                              self.num_slices)
 
     def extra_repr(self) -> str:
         return (f"num_heads={self.num_heads}, head_dim={self.head_dim}, num_slices={self.num_slices}, "
