@@ -34,7 +34,9 @@
 // A group with a non-finite scalar gets NaN outputs and gradients.
 //
 // Beyond sorted_sweep.h's layouts: bandwidth (H, M) double; the backward writes dL/ds (G, M, Tq),
-// dL/dt (G, M, Tk) and dL/db (G, M) in double. Entry points return 0, or 1 after an exception.
+// dL/dt (G, M, Tk) and dL/db (G, M) in double. The first slice's sweep writes each D-wide row of out and
+// dL/dv, the others add to it (only the padded keys' rows of dL/dv are filled, with 0). Entry points
+// return 0, or 1 after an exception.
 
 #include "sorted_sweep.h"
 
@@ -132,16 +134,22 @@ struct Window {
   }
 };
 
-// sum_j k(point - y_j) x_j over the window, times `scale`, added to out (D).
+// sum_j k(point - y_j) x_j over the window, times `scale`, written to out (D) where `first` (the first
+// slice's sweep), else added to it.
 template <typename Scalar>
-inline void add_kernel_sum(const Window& w, double point, double b, double scale, Scalar* __restrict out) {
+inline void add_kernel_sum(const Window& w, double point, double b, double scale, bool first, Scalar* __restrict out) {
   const double ib = 1.0 / b, left = -(1.0 - point * ib), middle = -2.0 * point * ib, right = 1.0 + point * ib;
   const Index dim = static_cast<Index>(w.tie.size());
   const WindowSums p = w.sums();
+  const auto sum = [&](Index d) {
+    return scale * (left * p.l[d] + middle * p.c[d] + right * p.r[d] + ib * (2.0 * p.yc[d] - p.yl[d] - p.yr[d]));
+  };
+  if (first) {
 #pragma omp simd
-  for (Index d = 0; d < dim; ++d) {
-    const double sum = left * p.l[d] + middle * p.c[d] + right * p.r[d] + ib * (2.0 * p.yc[d] - p.yl[d] - p.yr[d]);
-    out[d] += static_cast<Scalar>(scale * sum);
+    for (Index d = 0; d < dim; ++d) out[d] = static_cast<Scalar>(sum(d));
+  } else {
+#pragma omp simd
+    for (Index d = 0; d < dim; ++d) out[d] = static_cast<Scalar>(out[d] + sum(d));
   }
 }
 
@@ -158,7 +166,6 @@ void forward_group(const Shape& shape, Index g, const double* s, const double* t
   const std::uint8_t* valid_row = valid + (g / shape.heads) * Tk;
   keys.load(valid_row, Tk);
   const double q = keys.n() ? 1.0 / static_cast<double>(M * keys.n()) : 0.0;
-  fill_rows(og, Tq, D, Scalar(0));
   for (Index m = 0; m < M; ++m) {
     const Index gm = g * M + m;
     const double b = bandwidth[(g % shape.heads) * M + m];
@@ -173,7 +180,7 @@ void forward_group(const Shape& shape, Index g, const double* s, const double* t
       if (k + kAhead < Tq) prefetch_row(og[slice.query_index[k + kAhead]], D);
       const double point = slice.ss[k];
       window.advance(point, b, slice.ts, slice.key_index, vg);
-      add_kernel_sum(window, point, b, q, og[slice.query_index[k]]);
+      add_kernel_sum(window, point, b, q, m == 0, og[slice.query_index[k]]);
     }
   }
 }
@@ -206,10 +213,11 @@ double scalar_gradients(const SortedSlice& slice, Rows<const Scalar> vg, Rows<co
   return g_dot_e;
 }
 
-// The sweep over the keys: adds dL/dv_j into dv and writes dL/dt_j, for the valid keys of one slice.
+// The sweep over the keys: writes (``first``) or adds dL/dv_j into dv and writes dL/dt_j, for the valid keys
+// of one slice.
 template <typename Scalar>
 void key_gradients(const SortedSlice& slice, Rows<const Scalar> vg, Rows<const Scalar> gg, Rows<Scalar> dv,
-                   double b, double q, double* dt, Window& window) {
+                   double b, double q, bool first, double* dt, Window& window) {
   const Index n = static_cast<Index>(slice.ts.size()), D = static_cast<Index>(window.tie.size());
   for (Index k = 0; k < n; ++k) {
     const Index j = slice.key_index[k];
@@ -220,7 +228,7 @@ void key_gradients(const SortedSlice& slice, Rows<const Scalar> vg, Rows<const S
     }
     const double point = slice.ts[k];
     window.advance(point, b, slice.ss, slice.query_index, gg);
-    add_kernel_sum(window, point, b, q, dv[j]);
+    add_kernel_sum(window, point, b, q, first, dv[j]);
     const Scalar* __restrict row = vg[j];
     const WindowSums p = window.sums();
     double a = 0.0;
@@ -244,9 +252,11 @@ void backward_group(const Shape& shape, Index g, const Scalar* grad, const doubl
   thread_local ValidKeys keys;
   thread_local SortedSlice slice;
   thread_local Window window;
-  keys.load(valid + (g / shape.heads) * Tk, Tk);
+  const std::uint8_t* valid_row = valid + (g / shape.heads) * Tk;
+  keys.load(valid_row, Tk);
   const double q = keys.n() ? 1.0 / static_cast<double>(M * keys.n()) : 0.0;
-  fill_rows(dvg, Tk, D, Scalar(0));
+  for (Index j = 0; j < Tk; ++j)  // the key sweeps write the valid keys' rows only
+    if (!valid_row[j]) std::fill(dvg[j], dvg[j] + D, Scalar(0));
   std::fill(dt + g * M * Tk, dt + (g + 1) * M * Tk, 0.0);
   bool finite = true;
   for (Index m = 0; m < M; ++m) {
@@ -256,7 +266,7 @@ void backward_group(const Shape& shape, Index g, const Scalar* grad, const doubl
     window.reset(D);
     db[gm] = q / (b * b) * scalar_gradients(slice, vg, gg, b, q, ds + gm * Tq, window);
     window.reset(D);
-    key_gradients(slice, vg, gg, dvg, b, q, dt + gm * Tk, window);
+    key_gradients(slice, vg, gg, dvg, b, q, m == 0, dt + gm * Tk, window);
   }
   if (!finite) {
     fill_rows(dvg, Tk, D, std::numeric_limits<Scalar>::quiet_NaN());

@@ -59,8 +59,10 @@ using namespace sorted_sweep;
 template <typename Scalar>
 void valid_mean(const ValidKeys& keys, Rows<const Scalar> v, Index dim, double* __restrict mean) {
   std::fill(mean, mean + dim, 0.0);
-  for (auto j : keys.index) {
-    const Scalar* __restrict row = v[j];
+  const Index n = keys.n();
+  for (Index k = 0; k < n; ++k) {
+    if (k + kAhead < n) prefetch_row(v[keys.index[k + kAhead]], dim);
+    const Scalar* __restrict row = v[keys.index[k]];
 #pragma omp simd
     for (Index d = 0; d < dim; ++d) mean[d] += row[d];
   }
