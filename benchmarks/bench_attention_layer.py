@@ -13,10 +13,11 @@ shared normaliser: the cheapest layer measured for converting every layer, issue
 records layer 0's input x (B, T, 384) and padding mask, and its value (B, H, T, D); on those inputs
 each piece of the layer runs forward, then backward from a fixed random gradient:
 
-* ``projection``: the scalars s, t as the layer computes them, the projection folded into the query
+* ``projection``: the scalars s, t from the layer input, the projection folded into the query
   and key layers (``sliced_projection.project_input(x, query, key, mask)``; an MLP projection runs on
-  the real tokens only); ``projection_formed``: the query and key layers, then ``sliced_projection``
-  of q and k, as when the fold does not apply;
+  the real tokens only; the layer itself computes a linear projection's scalars beside v, in the value
+  layer's product, which ``layer`` times); ``projection_formed``: the query and key layers, then
+  ``sliced_projection`` of q and k, as when the fold does not apply;
 * ``op``: ``sliced_relu(s, t, value, mask)`` on s, t as leaves;
 * ``output``: ``value_mean`` and ``module.sliced_output`` (layers with the affine output);
 * with a local window (where the op is ``sliced_relu(..., return_denominator=True)``, its normaliser being the

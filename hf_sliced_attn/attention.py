@@ -54,13 +54,13 @@ def observing() -> bool:
     return bool(_observers)
 
 
-def key_padding_mask_from(attention_mask: torch.Tensor | None, key: torch.Tensor) -> torch.Tensor | None:
+def key_padding_mask_from(attention_mask: torch.Tensor | None, batch: int, key_length: int) -> torch.Tensor | None:
     """Check the mask given by the registered builder: a (B, Tk) bool or None."""
     if attention_mask is None:
         return None
-    if attention_mask.dim() != 2 or attention_mask.shape != (key.shape[0], key.shape[2]):
+    if attention_mask.dim() != 2 or attention_mask.shape != (batch, key_length):
         raise ValueError(
-            f"hf_sliced_attn expects a (batch, key_length) = {(key.shape[0], key.shape[2])} padding mask, "
+            f"hf_sliced_attn expects a (batch, key_length) = {(batch, key_length)} padding mask, "
             f"got shape {tuple(attention_mask.shape)}. 4D or custom masks are not supported by the plugin's "
             "attention: pass the usual 2D attention_mask of 0/1 to the model."
         )
@@ -113,7 +113,7 @@ def attention_function(mechanism: Mechanism) -> Callable[..., tuple[torch.Tensor
         sliding_window: int | None = None,
         **kwargs,
     ) -> tuple[torch.Tensor, None]:
-        padding = key_padding_mask_from(attention_mask, key)
+        padding = key_padding_mask_from(attention_mask, key.shape[0], key.shape[2])
         if _layer_mode(module, mechanism.name) == SOFTMAX:
             return _softmax_attention(module, query, key, value, padding, scaling, dropout, sliding_window), None
         for observer in _observers:

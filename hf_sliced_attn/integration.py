@@ -32,6 +32,7 @@ from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from .attention import LAYER_MODE_ATTR, SOFTMAX, attention_function, key_padding_mask_from, observing
 from .mechanisms import CONFIG_KEY, MECHANISMS, Mechanism, MechanismConfig, PluginModule
+from .mechanisms.base import runs_as_written
 from .models import ARCHITECTURES, SUPPORTED_MODEL_TYPES, ArchitectureSpec, spec_for
 
 
@@ -153,18 +154,6 @@ def _patch_attention_init(attention_class: type[nn.Module], spec: ArchitectureSp
     attention_class.__init__ = __init__
 
 
-def _runs_as_written(linear: nn.Module) -> bool:
-    """Whether reading ``linear``'s weight and bias gives what calling it would: a plain ``nn.Linear``
-    with no hooks or replaced forward (not peft-wrapped, quantized, parametrized or offloaded)."""
-    return (
-        type(linear) is nn.Linear
-        and "forward" not in vars(linear)
-        and not (linear._forward_hooks or linear._forward_pre_hooks)
-        and not (torch.nn.modules.module._global_forward_hooks or torch.nn.modules.module._global_forward_pre_hooks)
-        and linear.weight.device.type != "meta"
-    )
-
-
 def _attention_from_input(
     module: nn.Module, spec: ArchitectureSpec, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None,
     extra_args: tuple, kwargs: dict[str, Any],
@@ -184,13 +173,11 @@ def _attention_from_input(
         return None
     query, key, value = spec.input_projections(module)
     batch, length, _ = hidden_states.shape
-    if not (_runs_as_written(query) and _runs_as_written(key)
+    if not (runs_as_written(query) and runs_as_written(key)
             and mechanism.input_attention.applies(module, query, key, batch * length)):
         return None
-    num_heads, head_dim = spec.head_shape(module)
-    values = value(hidden_states).view(batch, length, num_heads, head_dim).transpose(1, 2)
-    padding = key_padding_mask_from(attention_mask, values)
-    out = mechanism.input_attention.attend(module, hidden_states, query, key, values, padding)
+    padding = key_padding_mask_from(attention_mask, batch, length)
+    out = mechanism.input_attention.attend(module, hidden_states, query, key, value, padding)
     return out.reshape(batch, length, -1).contiguous(), None
 
 

@@ -132,6 +132,18 @@ inputs (RoPE applied), a (B, T) bool padding mask or None -> the (B, T, H, D) ou
 attention layer, holding the mechanism's modules under their names."""
 
 
+def runs_as_written(linear: nn.Module) -> bool:
+    """Whether reading ``linear``'s weight and bias gives what calling it would: a plain ``nn.Linear``
+    with no hooks or replaced forward (not peft-wrapped, quantized, parametrized or offloaded)."""
+    return (
+        type(linear) is nn.Linear
+        and "forward" not in vars(linear)
+        and not (linear._forward_hooks or linear._forward_pre_hooks)
+        and not (torch.nn.modules.module._global_forward_hooks or torch.nn.modules.module._global_forward_pre_hooks)
+        and linear.weight.device.type != "meta"
+    )
+
+
 @dataclass(frozen=True)
 class InputAttention:
     """A mechanism's attention computed from the attention layer's input, on architectures where q and k
@@ -141,13 +153,14 @@ class InputAttention:
     Attributes:
         applies: (module, query, key, num_tokens) -> whether ``attend`` costs less than the query and key
             layers followed by ``Mechanism.attend``, for a batch of ``num_tokens`` (B*T) tokens.
-        attend: (module, hidden_states (B, T, C), query, key, value (B, H, T, D), key_padding_mask) ->
-            (B, T, H, D): ``Mechanism.attend`` of q = query(hidden_states) and k = key(hidden_states),
-            viewed as (B, H, T, D), on a global layer.
+        attend: (module, hidden_states (B, T, C), query, key, value, key_padding_mask) -> (B, T, H, D):
+            ``Mechanism.attend`` of q, k and v = query, key and value of hidden_states, viewed as (B, H, T, D),
+            on a global layer. ``query`` and ``key`` run as written (:func:`runs_as_written`); ``value`` is the
+            layer's value module, whose weights ``attend`` may read only where it runs as written too.
     """
 
     applies: Callable[[nn.Module, nn.Linear, nn.Linear, int], bool]
-    attend: Callable[[nn.Module, torch.Tensor, nn.Linear, nn.Linear, torch.Tensor, "torch.Tensor | None"], torch.Tensor]
+    attend: Callable[[nn.Module, torch.Tensor, nn.Linear, nn.Linear, nn.Module, "torch.Tensor | None"], torch.Tensor]
 
 
 Purpose = Literal["convert", "finetune"]

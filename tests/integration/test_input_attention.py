@@ -78,6 +78,35 @@ def test_project_input_equals_projecting_q_and_k(projection_name, compiled, mask
         torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("value_bias", [True, False], ids=["vbias", "novbias"])
+@pytest.mark.parametrize("biases", [(True, True), (False, False)], ids=["qkbias", "noqkbias"])
+def test_project_input_with_value_equals_the_value_layer_beside_project_input(biases, value_bias):
+    """The linear projection's ``project_input_with_value(x, query, key, value)`` gives ``value(x)`` and
+    ``project_input(x, query, key)`` from one product: the same tensors and gradients."""
+    torch.manual_seed(0)
+    batch, length, width, heads, dim, slices = 3, 7, 10, 2, 4, 3
+    projection = SlicedProjection(heads, dim, slices)
+    projection.init_weights(0.5)
+    query, key = (nn.Linear(width, heads * dim, bias=bias) for bias in biases)
+    value = nn.Linear(width, heads * dim, bias=value_bias)
+    x = torch.randn(batch, length, width)
+    weights = [torch.randn(batch, length, heads * dim), *(torch.randn(batch, heads, slices, length) for _ in range(2))]
+    parameters = [*query.parameters(), *key.parameters(), *value.parameters(), *projection.parameters()]
+
+    def outputs_and_grads(project):
+        inputs = x.clone().requires_grad_()
+        outputs = project(inputs)
+        loss = sum((out * w).sum() for out, w in zip(outputs, weights))
+        return outputs, torch.autograd.grad(loss, [inputs, *parameters])
+
+    got, got_grads = outputs_and_grads(lambda inputs: projection.project_input_with_value(inputs, query, key, value))
+    want, want_grads = outputs_and_grads(lambda inputs: (value(inputs), *projection.project_input(inputs, query, key)))
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-6)
+    for g, w in zip(got_grads, want_grads):
+        torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize("projection_name, in_features, folds_from",
                          [("mlp", 384, 384), ("linear", 384, 48), ("mlp_narrow", 384, 5)])
 def test_the_fold_is_taken_where_it_costs_less(projection_name, in_features, folds_from):
@@ -204,6 +233,27 @@ def test_a_hook_on_the_query_layer_is_honoured():
         hooked = model(**inputs).last_hidden_state
     finally:
         handle.remove()
+    assert not torch.allclose(hooked, reference)
+    torch.testing.assert_close(model(**inputs).last_hidden_state, reference, rtol=0, atol=0)
+
+
+def test_the_linear_projection_runs_in_the_value_layers_product(monkeypatch):
+    """With the linear projection, a converted layer computes v and the scalars in one product: no query, key or
+    value layer runs by itself; a forward hook on a value layer makes it run, and its change reaches the output."""
+    model, inputs = affine_sliced_relu_encoder("bert", "linear"), batch()
+    values = {id(a.value) for a in attention_modules(model)}
+    with linear_calls(monkeypatch) as calls:
+        reference = model(**inputs).last_hidden_state
+    assert query_key_calls(model, calls) == 0
+    assert sum(id(call) in values for call in calls) == 0
+    value = attention_modules(model)[0].value
+    handle = value.register_forward_hook(lambda module, args, output: output * 2.0)
+    try:
+        with linear_calls(monkeypatch) as calls:
+            hooked = model(**inputs).last_hidden_state
+    finally:
+        handle.remove()
+    assert sum(id(call) == id(value) for call in calls) == 1
     assert not torch.allclose(hooked, reference)
     torch.testing.assert_close(model(**inputs).last_hidden_state, reference, rtol=0, atol=0)
 

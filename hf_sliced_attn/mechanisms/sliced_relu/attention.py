@@ -13,6 +13,7 @@ from ...ops import (
     windowed_sliced_relu,
     windowed_sliced_relu_bump,
 )
+from ..base import runs_as_written
 from ..local_window import build_window_module, find_window_module
 from .config import SlicedReluConfig
 from .modules import SlicedBandwidth, SlicedMLPProjection, SlicedOutputAffine, SlicedProjection
@@ -69,13 +70,22 @@ def folds_input(module: nn.Module, query: nn.Linear, key: nn.Linear, num_tokens:
 
 
 def attend_from_input(module: nn.Module, hidden_states: torch.Tensor, query: nn.Linear, key: nn.Linear,
-                      value: torch.Tensor, key_padding_mask: torch.Tensor | None) -> torch.Tensor:
-    """:func:`attend` of q = ``query(hidden_states)`` and k = ``key(hidden_states)`` (heads side by side),
-    with the projection folded into ``query`` and ``key`` (``sliced_projection.project_input``): the
-    layer input (B, T, C) and value (B, H, T, D) -> (B, T, H, D). For global layers without RoPE, and
-    without a local window (:func:`folds_input`)."""
-    query_scalars, key_scalars = module.sliced_projection.project_input(hidden_states, query, key, key_padding_mask)
-    return _attend_scalars(module, query_scalars, key_scalars, value, key_padding_mask, None)
+                      value: nn.Module, key_padding_mask: torch.Tensor | None) -> torch.Tensor:
+    """:func:`attend` of q = ``query(hidden_states)``, k = ``key(hidden_states)`` and v = ``value(hidden_states)``
+    (heads side by side), with the projection folded into ``query`` and ``key`` (``sliced_projection.project_input``),
+    and the linear projection's scalars computed beside v in the value layer's product where that layer runs as
+    written: the layer input (B, T, C) -> (B, T, H, D). For global layers without RoPE, and without a local window
+    (:func:`folds_input`)."""
+    projection = module.sliced_projection
+    batch, length, _ = hidden_states.shape
+    if isinstance(projection, SlicedProjection) and runs_as_written(value):
+        values, query_scalars, key_scalars = projection.project_input_with_value(hidden_states, query, key, value,
+                                                                                 key_padding_mask)
+    else:
+        values = value(hidden_states)
+        query_scalars, key_scalars = projection.project_input(hidden_states, query, key, key_padding_mask)
+    values = values.view(batch, length, projection.num_heads, projection.head_dim).transpose(1, 2)
+    return _attend_scalars(module, query_scalars, key_scalars, values, key_padding_mask, None)
 
 
 def _sliced_term(module: nn.Module, query_scalars: torch.Tensor, key_scalars: torch.Tensor, value: torch.Tensor,

@@ -48,15 +48,20 @@ def _after(linear: nn.Linear, weight: torch.Tensor, bias: torch.Tensor | None) -
     return weight @ linear.weight, folded_bias
 
 
+def _side_by_side(*maps: tuple[torch.Tensor, torch.Tensor | None]) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Affine maps (weight (out_k, in_features), bias or None) of the same input as one: their outputs side by
+    side, from one product (a missing bias is zeros, unless every one is missing)."""
+    weights, biases = zip(*maps)
+    if all(bias is None for bias in biases):
+        return torch.cat(weights), None
+    return torch.cat(weights), torch.cat([w.new_zeros(w.shape[0]) if b is None else b for w, b in maps])
+
+
 def _after_query_and_key(query: nn.Linear, key: nn.Linear, weight: torch.Tensor, bias: torch.Tensor | None
                          ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """:func:`_after` of ``query`` and of ``key`` side by side: the weight (2*out, in_features) and bias of
     ``x -> [F.linear(query(x), weight, bias), F.linear(key(x), weight, bias)]``, one product for both."""
-    (query_weight, query_bias), (key_weight, key_bias) = _after(query, weight, bias), _after(key, weight, bias)
-    if query_bias is None and key_bias is None:
-        return torch.cat([query_weight, key_weight]), None
-    query_bias, key_bias = (b if b is not None else weight.new_zeros(weight.shape[0]) for b in (query_bias, key_bias))
-    return torch.cat([query_weight, key_weight]), torch.cat([query_bias, key_bias])
+    return _side_by_side(_after(query, weight, bias), _after(key, weight, bias))
 
 
 class SlicedProjection(PluginModule):
@@ -108,6 +113,18 @@ class SlicedProjection(PluginModule):
         weight = self._block_diagonal(query.weight.dtype).T  # (H*M, H*D)
         scalars = nn.functional.linear(hidden_states, *_after_query_and_key(query, key, weight, None))
         return _query_and_key(scalars, self.num_heads, self.num_slices)
+
+    def project_input_with_value(
+        self, hidden_states: torch.Tensor, query: nn.Linear, key: nn.Linear, value: nn.Linear,
+        token_mask: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``value(hidden_states)`` (B, T, value.out_features) and :meth:`project_input`'s scalars, from one
+        product: the value layer's rows beside the folded query and key rows (H*M more outputs than it has)."""
+        weight = self._block_diagonal(query.weight.dtype).T  # (H*M, H*D)
+        folded = _after_query_and_key(query, key, weight, None)
+        out = nn.functional.linear(hidden_states, *_side_by_side((value.weight, value.bias), folded))
+        values, scalars = out.split([value.out_features, folded[0].shape[0]], dim=-1)
+        return values, *_query_and_key(scalars, self.num_heads, self.num_slices)
 
     def extra_repr(self) -> str:
         return f"num_heads={self.num_heads}, head_dim={self.head_dim}, num_slices={self.num_slices}"
