@@ -30,9 +30,9 @@ from transformers import modeling_utils
 from transformers.masking_utils import AttentionMaskInterface
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
+from .affine_layers import affine_of
 from .attention import LAYER_MODE_ATTR, SOFTMAX, attention_function, key_padding_mask_from, observing
 from .mechanisms import CONFIG_KEY, MECHANISMS, Mechanism, MechanismConfig, PluginModule
-from .mechanisms.base import runs_as_written
 from .models import ARCHITECTURES, SUPPORTED_MODEL_TYPES, ArchitectureSpec, spec_for
 
 
@@ -171,12 +171,13 @@ def _attention_from_input(
         or observing()
     ):
         return None
-    query, key, value = spec.input_projections(module)
+    query_layer, key_layer, value_layer = spec.input_projections(module)
+    query, key = affine_of(query_layer), affine_of(key_layer)
     batch, length, _ = hidden_states.shape
-    if not (runs_as_written(query) and runs_as_written(key)
-            and mechanism.input_attention.applies(module, query, key, batch * length)):
+    if query is None or key is None or not mechanism.input_attention.applies(module, query, key, batch * length):
         return None
     padding = key_padding_mask_from(attention_mask, batch, length)
+    value = affine_of(value_layer) or value_layer
     out = mechanism.input_attention.attend(module, hidden_states, query, key, value, padding)
     return out.reshape(batch, length, -1).contiguous(), None
 

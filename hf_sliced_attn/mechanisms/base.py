@@ -132,16 +132,22 @@ inputs (RoPE applied), a (B, T) bool padding mask or None -> the (B, T, H, D) ou
 attention layer, holding the mechanism's modules under their names."""
 
 
-def runs_as_written(linear: nn.Module) -> bool:
-    """Whether reading ``linear``'s weight and bias gives what calling it would: a plain ``nn.Linear``
-    with no hooks or replaced forward (not peft-wrapped, quantized, parametrized or offloaded)."""
-    return (
-        type(linear) is nn.Linear
-        and "forward" not in vars(linear)
-        and not (linear._forward_hooks or linear._forward_pre_hooks)
-        and not (torch.nn.modules.module._global_forward_hooks or torch.nn.modules.module._global_forward_pre_hooks)
-        and linear.weight.device.type != "meta"
-    )
+@dataclass(frozen=True)
+class Affine:
+    """x -> ``F.linear(x, weight, bias)``, what a projection layer computes, read from its parameters
+    (:func:`hf_sliced_attn.affine_layers.affine_of`): weight (out_features, in_features), bias (out_features,)
+    or None."""
+
+    weight: torch.Tensor
+    bias: torch.Tensor | None
+
+    @property
+    def in_features(self) -> int:
+        return self.weight.shape[1]
+
+    @property
+    def out_features(self) -> int:
+        return self.weight.shape[0]
 
 
 @dataclass(frozen=True)
@@ -155,12 +161,13 @@ class InputAttention:
             layers followed by ``Mechanism.attend``, for a batch of ``num_tokens`` (B*T) tokens.
         attend: (module, hidden_states (B, T, C), query, key, value, key_padding_mask) -> (B, T, H, D):
             ``Mechanism.attend`` of q, k and v = query, key and value of hidden_states, viewed as (B, H, T, D),
-            on a global layer. ``query`` and ``key`` run as written (:func:`runs_as_written`); ``value`` is the
-            layer's value module, whose weights ``attend`` may read only where it runs as written too.
+            on a global layer. ``query`` and ``key`` are the maps the layers apply (:class:`Affine`); ``value`` is
+            its map too where its parameters say what it computes, else the value module, to be called.
     """
 
-    applies: Callable[[nn.Module, nn.Linear, nn.Linear, int], bool]
-    attend: Callable[[nn.Module, torch.Tensor, nn.Linear, nn.Linear, nn.Module, "torch.Tensor | None"], torch.Tensor]
+    applies: Callable[[nn.Module, Affine, Affine, int], bool]
+    attend: Callable[[nn.Module, torch.Tensor, Affine, Affine, "Affine | nn.Module", "torch.Tensor | None"],
+                     torch.Tensor]
 
 
 Purpose = Literal["convert", "finetune"]

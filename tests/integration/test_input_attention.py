@@ -1,6 +1,7 @@
 """Sliced ReLU layers of the BERT family attend from their input, the projection folded into the query
-and key layers: the same outputs and gradients as forming q and k, and the usual forward wherever the
-fold does not apply (peft-wrapped or hooked layers, observed layers, batches too small to gain)."""
+and key layers (through peft's LoRA adapters too): the same outputs and gradients as forming q and k, and the
+usual forward wherever the fold does not apply (hooked layers, a LoRA dropout in training, observed layers,
+batches too small to gain)."""
 
 from __future__ import annotations
 
@@ -259,20 +260,42 @@ def test_the_linear_projection_runs_in_the_value_layers_product(monkeypatch):
 
 
 @pytest.mark.parametrize("projection", PROJECTIONS)
-def test_lora_wrapped_query_and_key_layers_are_run(projection, monkeypatch):
-    """peft wraps the query and key layers: their LoRA updates reach the output (the layers run as
-    peft wrote them), and merging gives the same model, whose folded forward gives the same outputs."""
+def test_lora_wrapped_layers_fold_through_their_adapters(projection, monkeypatch):
+    """peft wraps the attention projections (as attention transfer does): the fold reads W_0 + s B A, so no query
+    or key layer runs, nor their LoRA factors; the outputs and the gradients of every trainable parameter (the
+    LoRA factors, the new modules) are those of forming q and k; merging gives the same model, folded again."""
     model, inputs = affine_sliced_relu_encoder("bert", projection), batch()
     lora = get_peft_model(model, LoraConfig(r=4, target_modules=hf_sliced_attn.lora_target_modules(model),
                                             modules_to_save=hf_sliced_attn.modules_to_save(model), init_lora_weights=False))
+    factors = {id(factor) for a in attention_modules(lora) for layer in (a.query, a.key)
+               for factor in (*layer.lora_A.values(), *layer.lora_B.values())}
+    assert len(factors) == 4 * model.config.num_hidden_layers
     with linear_calls(monkeypatch) as calls:
-        with torch.no_grad():
-            wrapped = lora(**inputs).last_hidden_state
+        folded = real_token_hidden_and_grads(lora, inputs)
+    assert query_key_calls(lora, calls) == 0
+    assert not any(id(call) in factors for call in calls)
+    with linear_calls(monkeypatch) as calls, observe_attention(lambda **_: None):
+        formed = real_token_hidden_and_grads(lora, inputs)
     assert query_key_calls(lora, calls) == 2 * model.config.num_hidden_layers
+    assert_same(folded, formed)
     merged = lora.merge_and_unload()
     with linear_calls(monkeypatch) as calls:
         with torch.no_grad():
-            folded = merged(**inputs).last_hidden_state
+            merged_hidden = merged(**inputs).last_hidden_state
     assert query_key_calls(merged, calls) == 0
-    real = inputs["attention_mask"].bool()
-    torch.testing.assert_close(folded[real], wrapped[real], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(merged_hidden[inputs["attention_mask"].bool()], folded[0], rtol=1e-5, atol=1e-5)
+
+
+def test_lora_dropout_in_training_runs_the_wrapped_layers(monkeypatch):
+    """A LoRA dropout that is on (training, p > 0) is not an affine map: the wrapped query and key layers run."""
+    model, inputs = affine_sliced_relu_encoder("bert", "linear"), batch()
+    lora = get_peft_model(model, LoraConfig(r=4, lora_dropout=0.1, target_modules=hf_sliced_attn.lora_target_modules(model),
+                                            modules_to_save=hf_sliced_attn.modules_to_save(model)))
+    lora.train()
+    with linear_calls(monkeypatch) as calls:
+        lora(**inputs)
+    assert query_key_calls(lora, calls) == 2 * model.config.num_hidden_layers
+    lora.eval()
+    with linear_calls(monkeypatch) as calls:
+        lora(**inputs)
+    assert query_key_calls(lora, calls) == 0

@@ -13,7 +13,7 @@ from ...ops import (
     windowed_sliced_relu,
     windowed_sliced_relu_bump,
 )
-from ..base import runs_as_written
+from ..base import Affine
 from ..local_window import build_window_module, find_window_module
 from .config import SlicedReluConfig
 from .modules import SlicedBandwidth, SlicedMLPProjection, SlicedOutputAffine, SlicedProjection
@@ -61,7 +61,7 @@ def attend(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: tor
     return out.transpose(1, 2)
 
 
-def folds_input(module: nn.Module, query: nn.Linear, key: nn.Linear, num_tokens: int) -> bool:
+def folds_input(module: nn.Module, query: Affine, key: Affine, num_tokens: int) -> bool:
     """Whether :func:`attend_from_input` costs less than :func:`attend` after ``query`` and ``key`` on this layer.
     Never with a local window: its softmax needs q and k themselves."""
     if find_window_module(module, WINDOW_PREFIX) is not None:
@@ -69,20 +69,23 @@ def folds_input(module: nn.Module, query: nn.Linear, key: nn.Linear, num_tokens:
     return module.sliced_projection.folds(num_tokens, query.in_features)
 
 
-def attend_from_input(module: nn.Module, hidden_states: torch.Tensor, query: nn.Linear, key: nn.Linear,
-                      value: nn.Module, key_padding_mask: torch.Tensor | None) -> torch.Tensor:
+def attend_from_input(module: nn.Module, hidden_states: torch.Tensor, query: Affine, key: Affine,
+                      value: Affine | nn.Module, key_padding_mask: torch.Tensor | None) -> torch.Tensor:
     """:func:`attend` of q = ``query(hidden_states)``, k = ``key(hidden_states)`` and v = ``value(hidden_states)``
     (heads side by side), with the projection folded into ``query`` and ``key`` (``sliced_projection.project_input``),
-    and the linear projection's scalars computed beside v in the value layer's product where that layer runs as
-    written: the layer input (B, T, C) -> (B, T, H, D). For global layers without RoPE, and without a local window
-    (:func:`folds_input`)."""
+    and the linear projection's scalars computed beside v in the value layer's product where ``value`` is its map
+    (:class:`~hf_sliced_attn.mechanisms.base.Affine`; else the value module is called): the layer input (B, T, C)
+    -> (B, T, H, D). For global layers without RoPE, and without a local window (:func:`folds_input`)."""
     projection = module.sliced_projection
     batch, length, _ = hidden_states.shape
-    if isinstance(projection, SlicedProjection) and runs_as_written(value):
+    if isinstance(projection, SlicedProjection) and isinstance(value, Affine):
         values, query_scalars, key_scalars = projection.project_input_with_value(hidden_states, query, key, value,
                                                                                  key_padding_mask)
     else:
-        values = value(hidden_states)
+        if isinstance(value, Affine):
+            values = nn.functional.linear(hidden_states, value.weight, value.bias)
+        else:
+            values = value(hidden_states)
         query_scalars, key_scalars = projection.project_input(hidden_states, query, key, key_padding_mask)
     values = values.view(batch, length, projection.num_heads, projection.head_dim).transpose(1, 2)
     return _attend_scalars(module, query_scalars, key_scalars, values, key_padding_mask, None)

@@ -18,7 +18,10 @@ import torch
 from torch import nn
 from transformers import initialization as init
 
-from ..base import PluginModule
+from ..base import Affine, PluginModule
+
+LayerMap = nn.Linear | Affine
+"""A layer's map x -> x W^T + b, read through its ``weight`` and ``bias``."""
 
 
 def _tokens(x: torch.Tensor) -> torch.Tensor:
@@ -40,7 +43,7 @@ def _query_and_key(scalars: torch.Tensor, heads: int, slices: int) -> tuple[torc
     return _per_head(query_scalars, heads, slices), _per_head(key_scalars, heads, slices)
 
 
-def _after(linear: nn.Linear, weight: torch.Tensor, bias: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+def _after(linear: LayerMap, weight: torch.Tensor, bias: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The weight and bias of ``x -> F.linear(linear(x), weight, bias)``: one affine map, (out, in_features)."""
     folded_bias = None if linear.bias is None else linear.bias @ weight.T
     if bias is not None:
@@ -57,7 +60,7 @@ def _side_by_side(*maps: tuple[torch.Tensor, torch.Tensor | None]) -> tuple[torc
     return torch.cat(weights), torch.cat([w.new_zeros(w.shape[0]) if b is None else b for w, b in maps])
 
 
-def _after_query_and_key(query: nn.Linear, key: nn.Linear, weight: torch.Tensor, bias: torch.Tensor | None
+def _after_query_and_key(query: LayerMap, key: LayerMap, weight: torch.Tensor, bias: torch.Tensor | None
                          ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """:func:`_after` of ``query`` and of ``key`` side by side: the weight (2*out, in_features) and bias of
     ``x -> [F.linear(query(x), weight, bias), F.linear(key(x), weight, bias)]``, one product for both."""
@@ -106,7 +109,7 @@ class SlicedProjection(PluginModule):
         return num_tokens >= self.num_heads * self.num_slices
 
     def project_input(
-        self, hidden_states: torch.Tensor, query: nn.Linear, key: nn.Linear, token_mask: torch.Tensor | None = None
+        self, hidden_states: torch.Tensor, query: LayerMap, key: LayerMap, token_mask: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """``forward`` of q = ``query(hidden_states)`` and k = ``key(hidden_states)`` viewed as (B, H, T, D),
         from the layer input (B, T, C) without forming q and k. ``token_mask`` is unused, as in ``forward``."""
@@ -115,7 +118,7 @@ class SlicedProjection(PluginModule):
         return _query_and_key(scalars, self.num_heads, self.num_slices)
 
     def project_input_with_value(
-        self, hidden_states: torch.Tensor, query: nn.Linear, key: nn.Linear, value: nn.Linear,
+        self, hidden_states: torch.Tensor, query: LayerMap, key: LayerMap, value: LayerMap,
         token_mask: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """``value(hidden_states)`` (B, T, value.out_features) and :meth:`project_input`'s scalars, from one
@@ -219,7 +222,7 @@ class SlicedMLPProjection(PluginModule):
             >= self.width * features * in_features
 
     def project_input(
-        self, hidden_states: torch.Tensor, query: nn.Linear, key: nn.Linear, token_mask: torch.Tensor | None = None
+        self, hidden_states: torch.Tensor, query: LayerMap, key: LayerMap, token_mask: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """``forward`` of q = ``query(hidden_states)`` and k = ``key(hidden_states)`` viewed as (B, H, T, D),
         from the layer input (B, T, C) with ``hidden`` folded into ``query`` and ``key``."""
