@@ -289,8 +289,9 @@ def test_lora_wrapped_layers_fold_through_their_adapters(projection, monkeypatch
 def test_lora_dropout_in_training_runs_the_wrapped_layers(monkeypatch):
     """A LoRA dropout that is on (training, p > 0) is not an affine map: the wrapped query and key layers run."""
     model, inputs = affine_sliced_relu_encoder("bert", "linear"), batch()
-    lora = get_peft_model(model, LoraConfig(r=4, lora_dropout=0.1, target_modules=hf_sliced_attn.lora_target_modules(model),
-                                            modules_to_save=hf_sliced_attn.modules_to_save(model)))
+    config = LoraConfig(r=4, lora_dropout=0.1, target_modules=hf_sliced_attn.lora_target_modules(model),
+                        modules_to_save=hf_sliced_attn.modules_to_save(model))
+    lora = get_peft_model(model, config)
     lora.train()
     with linear_calls(monkeypatch) as calls:
         lora(**inputs)

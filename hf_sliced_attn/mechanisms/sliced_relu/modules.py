@@ -43,7 +43,8 @@ def _query_and_key(scalars: torch.Tensor, heads: int, slices: int) -> tuple[torc
     return _per_head(query_scalars, heads, slices), _per_head(key_scalars, heads, slices)
 
 
-def _after(linear: LayerMap, weight: torch.Tensor, bias: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+def _after(linear: LayerMap, weight: torch.Tensor, bias: torch.Tensor | None
+           ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The weight and bias of ``x -> F.linear(linear(x), weight, bias)``: one affine map, (out, in_features)."""
     folded_bias = None if linear.bias is None else linear.bias @ weight.T
     if bias is not None:
