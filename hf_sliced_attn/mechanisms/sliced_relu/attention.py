@@ -79,8 +79,7 @@ def attend_from_input(module: nn.Module, hidden_states: torch.Tensor, query: Aff
     projection = module.sliced_projection
     batch, length, _ = hidden_states.shape
     if isinstance(projection, SlicedProjection) and isinstance(value, Affine):
-        values, query_scalars, key_scalars = projection.project_input_with_value(hidden_states, query, key, value,
-                                                                                 key_padding_mask)
+        values, query_scalars, key_scalars = projection.project_input_with_value(hidden_states, query, key, value)
     else:
         if isinstance(value, Affine):
             values = nn.functional.linear(hidden_states, value.weight, value.bias)

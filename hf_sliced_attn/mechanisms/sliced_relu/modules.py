@@ -119,8 +119,7 @@ class SlicedProjection(PluginModule):
         return _query_and_key(scalars, self.num_heads, self.num_slices)
 
     def project_input_with_value(
-        self, hidden_states: torch.Tensor, query: LayerMap, key: LayerMap, value: LayerMap,
-        token_mask: torch.Tensor | None = None,
+        self, hidden_states: torch.Tensor, query: LayerMap, key: LayerMap, value: LayerMap
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """``value(hidden_states)`` (B, T, value.out_features) and :meth:`project_input`'s scalars, from one
         product: the value layer's rows beside the folded query and key rows (H*M more outputs than it has)."""
