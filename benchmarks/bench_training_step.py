@@ -478,12 +478,13 @@ def ceiling_lines(times: dict[str, dict[str, Point]]) -> list[str]:
 
 
 def parse_arguments(description: str, argv: list[str] | None, count: tuple[str, int, str],
-                    contenders: Iterable[str] = ()) -> argparse.Namespace:
-    """``--shapes``, ``--threads``, ``--output`` and the ``count`` flag (name, default, help) of this
-    script and ``bench_attention_layer.py``, and ``--contenders`` (a subset of ``contenders``, default all) when
-    ``contenders`` are given; sets torch's threads and quiets transformers' logging."""
+                    contenders: Iterable[str] = (), shapes: str = "32x128,8x512") -> argparse.Namespace:
+    """``--shapes`` (default ``shapes``), ``--threads``, ``--output`` and the ``count`` flag (name, default, help)
+    of this script, ``bench_attention_layer.py`` and ``bench_transfer_step.py``, and ``--contenders`` (a subset of
+    ``contenders``, default all) when ``contenders`` are given; sets torch's threads and quiets transformers'
+    logging."""
     parser = argparse.ArgumentParser(description=description)
-    parser.add_argument("--shapes", default="32x128,8x512", help="comma-separated BxT (default 32x128,8x512)")
+    parser.add_argument("--shapes", default=shapes, help=f"comma-separated BxT (default {shapes})")
     if contenders:
         parser.add_argument("--contenders", type=choice_list(contenders), default=list(contenders),
                             help=f"comma-separated, of: {', '.join(contenders)} (default all)")
