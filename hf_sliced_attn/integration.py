@@ -178,7 +178,8 @@ def _attention_from_input(
         return None
     padding = key_padding_mask_from(attention_mask, batch, length)
     value = affine_of(value_layer) or value_layer
-    out = mechanism.input_attention.attend(module, hidden_states, query, key, value, padding)
+    scaling = getattr(module, "scaling", None)  # the softmax scaling of a local window; None: D^-1/2
+    out = mechanism.input_attention.attend(module, hidden_states, query, key, value, padding, scaling)
     return out.reshape(batch, length, -1).contiguous(), None
 
 

@@ -159,15 +159,16 @@ class InputAttention:
     Attributes:
         applies: (module, query, key, num_tokens) -> whether ``attend`` costs less than the query and key
             layers followed by ``Mechanism.attend``, for a batch of ``num_tokens`` (B*T) tokens.
-        attend: (module, hidden_states (B, T, C), query, key, value, key_padding_mask) -> (B, T, H, D):
+        attend: (module, hidden_states (B, T, C), query, key, value, key_padding_mask, scaling) -> (B, T, H, D):
             ``Mechanism.attend`` of q, k and v = query, key and value of hidden_states, viewed as (B, H, T, D),
-            on a global layer. ``query`` and ``key`` are the maps the layers apply (:class:`Affine`); ``value`` is
-            its map too where its parameters say what it computes, else the value module, to be called.
+            on a global layer, with the layer's softmax ``scaling`` (or None). ``query`` and ``key`` are the maps
+            the layers apply (:class:`Affine`); ``value`` is its map too where its parameters say what it
+            computes, else the value module, to be called.
     """
 
     applies: Callable[[nn.Module, Affine, Affine, int], bool]
-    attend: Callable[[nn.Module, torch.Tensor, Affine, Affine, "Affine | nn.Module", "torch.Tensor | None"],
-                     torch.Tensor]
+    attend: Callable[[nn.Module, torch.Tensor, Affine, Affine, "Affine | nn.Module", "torch.Tensor | None",
+                      "float | None"], torch.Tensor]
 
 
 Purpose = Literal["convert", "finetune"]

@@ -81,9 +81,9 @@ def test_project_input_equals_projecting_q_and_k(projection_name, compiled, mask
 
 @pytest.mark.parametrize("value_bias", [True, False], ids=["vbias", "novbias"])
 @pytest.mark.parametrize("biases", [(True, True), (False, False)], ids=["qkbias", "noqkbias"])
-def test_project_input_with_value_equals_the_value_layer_beside_project_input(biases, value_bias):
-    """The linear projection's ``project_input_with_value(x, query, key, value)`` gives ``value(x)`` and
-    ``project_input(x, query, key)`` from one product: the same tensors and gradients."""
+def test_project_input_beside_equals_the_layers_beside_project_input(biases, value_bias):
+    """The linear projection's ``project_input_beside(x, query, key, [query, value])`` gives ``query(x)``,
+    ``value(x)`` and ``project_input(x, query, key)`` from one product: the same tensors and gradients."""
     torch.manual_seed(0)
     batch, length, width, heads, dim, slices = 3, 7, 10, 2, 4, 3
     projection = SlicedProjection(heads, dim, slices)
@@ -91,7 +91,8 @@ def test_project_input_with_value_equals_the_value_layer_beside_project_input(bi
     query, key = (nn.Linear(width, heads * dim, bias=bias) for bias in biases)
     value = nn.Linear(width, heads * dim, bias=value_bias)
     x = torch.randn(batch, length, width)
-    weights = [torch.randn(batch, length, heads * dim), *(torch.randn(batch, heads, slices, length) for _ in range(2))]
+    weights = [*(torch.randn(batch, length, heads * dim) for _ in range(2)),
+               *(torch.randn(batch, heads, slices, length) for _ in range(2))]
     parameters = [*query.parameters(), *key.parameters(), *value.parameters(), *projection.parameters()]
 
     def outputs_and_grads(project):
@@ -100,8 +101,14 @@ def test_project_input_with_value_equals_the_value_layer_beside_project_input(bi
         loss = sum((out * w).sum() for out, w in zip(outputs, weights))
         return outputs, torch.autograd.grad(loss, [inputs, *parameters])
 
-    got, got_grads = outputs_and_grads(lambda inputs: projection.project_input_with_value(inputs, query, key, value))
-    want, want_grads = outputs_and_grads(lambda inputs: (value(inputs), *projection.project_input(inputs, query, key)))
+    def beside(inputs):
+        (queries, values), query_scalars, key_scalars = projection.project_input_beside(inputs, query, key,
+                                                                                       [query, value])
+        return queries, values, query_scalars, key_scalars
+
+    got, got_grads = outputs_and_grads(beside)
+    want, want_grads = outputs_and_grads(lambda inputs: (query(inputs), value(inputs),
+                                                         *projection.project_input(inputs, query, key)))
     for g, w in zip(got, want):
         torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-6)
     for g, w in zip(got_grads, want_grads):

@@ -175,7 +175,9 @@ def test_built_initialised_saved_reloaded_and_equal_to_the_reference(checkpoint,
 
     with torch.no_grad(), recorded_layers(monkeypatch, mechanism) as layers:
         out = reloaded(**padded_batch()).last_hidden_state
-    torch.testing.assert_close(out, model(**padded_batch()).last_hidden_state, rtol=0, atol=0)
+    with torch.no_grad(), observe_attention(lambda **_: None):  # observed too: layers that form q and k, as above
+        expected = model(**padded_batch()).last_hidden_state
+    torch.testing.assert_close(out, expected, rtol=0, atol=0)
     assert len(layers) == len(modules)
     for seen in layers:
         assert seen["sliding_window"] is None and seen["key_padding_mask"] is not None
@@ -262,28 +264,37 @@ def query_key_calls(model: nn.Module, monkeypatch: pytest.MonkeyPatch) -> Iterat
         yield calls
 
 
+@pytest.mark.parametrize("projection", ["linear", "mlp"])
 @pytest.mark.parametrize("combine", WINDOW_COMBINES)
-def test_the_fold_is_off_with_a_window_and_the_output_is_the_same(combine, monkeypatch):
-    """BERT layers attend from their input only without a window: with one, the layer forms q and k for the
-    softmax, whatever the batch size, and gives the output of the q and k path bit for bit."""
-    torch.manual_seed(0)
-    folding = AutoModel.from_config(hf_sliced_attn.prepare_config(tiny_config("roberta"), "sliced_relu")).eval()
+def test_a_window_layer_attends_from_its_input_in_one_product(combine, projection, monkeypatch):
+    """With a window, BERT layers attend from their input too: q, k, v (and a linear projection's scalars) come
+    out of one product, so no query or key layer runs by itself, whatever the batch size; the output and every
+    parameter's gradient are those of forming q and k (an observed forward forms them)."""
     torch.manual_seed(0)
     config = hf_sliced_attn.prepare_config(tiny_config("roberta"), "sliced_relu", local_window=WINDOW,
-                                           window_combine=combine)
+                                           window_combine=combine, projection=projection)
     model = AutoModel.from_config(config).eval()
-    for plain, windowed in zip(attention_modules(folding), attention_modules(model)):
-        assert folds_input(plain, plain.query, plain.key, 10**6)
-        assert not folds_input(windowed, windowed.query, windowed.key, 10**6)
-    batch = padded_batch(4, 16)  # 64 tokens: the linear projection (H*M = 4) would fold
-    with torch.no_grad(), query_key_calls(folding, monkeypatch) as calls:
-        folding(**batch)
-    assert not calls
-    with torch.no_grad(), query_key_calls(model, monkeypatch) as calls:
+    for windowed in attention_modules(model):
+        assert folds_input(windowed, windowed.query, windowed.key, 1)
+    batch = padded_batch(4, 16)
+    weights = torch.randn(4, 16, config.hidden_size, generator=torch.Generator().manual_seed(1))
+    parameters = [p for p in model.parameters() if p.requires_grad]
+
+    def output_and_grads():
         out = model(**batch).last_hidden_state
+        return out, torch.autograd.grad((out * weights).sum(), parameters, allow_unused=True)
+
+    with query_key_calls(model, monkeypatch) as calls:
+        got = output_and_grads()
+    assert not calls
+    with query_key_calls(model, monkeypatch) as calls, observe_attention(lambda **_: None):
+        want = output_and_grads()
     assert len(calls) == 2 * config.num_hidden_layers
-    with torch.no_grad(), observe_attention(lambda **_: None):  # observed layers always form q and k
-        torch.testing.assert_close(model(**batch).last_hidden_state, out, rtol=0, atol=0)
+    torch.testing.assert_close(got[0], want[0], rtol=1e-5, atol=1e-5)
+    for g, w in zip(got[1], want[1], strict=True):
+        assert (g is None) == (w is None)
+        if w is not None:
+            torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-5)
 
 
 @pytest.mark.parametrize("mechanism", ["sliced_relu", "rela"])

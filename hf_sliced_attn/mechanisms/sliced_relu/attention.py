@@ -16,7 +16,13 @@ from ...ops import (
 from ..base import Affine
 from ..local_window import build_window_module, find_window_module
 from .config import SlicedReluConfig
-from .modules import SlicedBandwidth, SlicedMLPProjection, SlicedOutputAffine, SlicedProjection
+from .modules import (
+    SlicedBandwidth,
+    SlicedMLPProjection,
+    SlicedOutputAffine,
+    SlicedProjection,
+    side_by_side_products,
+)
 
 WINDOW_PREFIX = "sliced"
 """The window module's attribute is ``sliced_window_gate`` or ``sliced_window_share``."""
@@ -49,6 +55,57 @@ def attend(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: tor
     otherwise ``scaling`` is unused (the kernels act on the projected scalars only). A local layer
     (``sliding_window``) runs the windowed sliced kernel; it has no local-window module."""
     query_scalars, key_scalars = module.sliced_projection(query, key, key_padding_mask)
+    return _attend_projected(module, query, key, value, query_scalars, key_scalars, key_padding_mask, scaling,
+                             sliding_window)
+
+
+def folds_input(module: nn.Module, query: Affine, key: Affine, num_tokens: int) -> bool:
+    """Whether :func:`attend_from_input` costs less than :func:`attend` after ``query`` and ``key`` on this layer:
+    with a local window always (q, k and v come out of one product), else where the projection's fold pays."""
+    if find_window_module(module, WINDOW_PREFIX) is not None:
+        return True
+    return module.sliced_projection.folds(num_tokens, query.in_features)
+
+
+def attend_from_input(module: nn.Module, hidden_states: torch.Tensor, query: Affine, key: Affine,
+                      value: Affine | nn.Module, key_padding_mask: torch.Tensor | None,
+                      scaling: float | None) -> torch.Tensor:
+    """:func:`attend` of q = ``query(hidden_states)``, k = ``key(hidden_states)`` and v = ``value(hidden_states)``
+    (heads side by side) from the layer input (B, T, C) -> (B, T, H, D), on global layers without RoPE
+    (:func:`folds_input`); ``value`` is its map (:class:`~hf_sliced_attn.mechanisms.base.Affine`) or, where its
+    parameters do not say what it computes, the value module, called. Without a local window the projection folds
+    into ``query`` and ``key`` (``sliced_projection.project_input``), q and k are never formed, and a linear
+    projection's scalars come out of the value layer's product; with one, q, k, v (and a linear projection's
+    scalars) come out of one product, and the window's softmax uses ``scaling``."""
+    projection = module.sliced_projection
+    batch, length, _ = hidden_states.shape
+    windowed = find_window_module(module, WINDOW_PREFIX) is not None
+    formed = [query, key] if windowed else []
+    beside = [*formed, value] if isinstance(value, Affine) else formed
+    if isinstance(projection, SlicedProjection):
+        outputs, query_scalars, key_scalars = projection.project_input_beside(hidden_states, query, key, beside)
+    else:
+        outputs = side_by_side_products(hidden_states, beside) if beside else []
+        if not windowed:
+            query_scalars, key_scalars = projection.project_input(hidden_states, query, key, key_padding_mask)
+    values = outputs[-1] if isinstance(value, Affine) else value(hidden_states)
+
+    def heads(tokens: torch.Tensor) -> torch.Tensor:  # (B, T, H*D) -> (B, H, T, D)
+        return tokens.view(batch, length, projection.num_heads, projection.head_dim).transpose(1, 2)
+
+    if not windowed:
+        return _attend_scalars(module, query_scalars, key_scalars, heads(values), key_padding_mask, None)
+    queries, keys = heads(outputs[0]), heads(outputs[1])
+    if not isinstance(projection, SlicedProjection):
+        query_scalars, key_scalars = projection(queries, keys, key_padding_mask)
+    return _attend_projected(module, queries, keys, heads(values), query_scalars, key_scalars, key_padding_mask,
+                             scaling, None)
+
+
+def _attend_projected(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                      query_scalars: torch.Tensor, key_scalars: torch.Tensor, key_padding_mask: torch.Tensor | None,
+                      scaling: float | None, sliding_window: int | None) -> torch.Tensor:
+    """:func:`attend` once the scalars (B, H, M, T) are projected."""
     window = find_window_module(module, WINDOW_PREFIX)
     if window is None:
         return _attend_scalars(module, query_scalars, key_scalars, value, key_padding_mask, sliding_window)
@@ -59,35 +116,6 @@ def attend(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: tor
                                  window=window.window, combine=window.combine, denominator=denominator,
                                  scaling=scaling)
     return out.transpose(1, 2)
-
-
-def folds_input(module: nn.Module, query: Affine, key: Affine, num_tokens: int) -> bool:
-    """Whether :func:`attend_from_input` costs less than :func:`attend` after ``query`` and ``key`` on this layer.
-    Never with a local window: its softmax needs q and k themselves."""
-    if find_window_module(module, WINDOW_PREFIX) is not None:
-        return False
-    return module.sliced_projection.folds(num_tokens, query.in_features)
-
-
-def attend_from_input(module: nn.Module, hidden_states: torch.Tensor, query: Affine, key: Affine,
-                      value: Affine | nn.Module, key_padding_mask: torch.Tensor | None) -> torch.Tensor:
-    """:func:`attend` of q = ``query(hidden_states)``, k = ``key(hidden_states)`` and v = ``value(hidden_states)``
-    (heads side by side), with the projection folded into ``query`` and ``key`` (``sliced_projection.project_input``),
-    and the linear projection's scalars computed beside v in the value layer's product where ``value`` is its map
-    (:class:`~hf_sliced_attn.mechanisms.base.Affine`; else the value module is called): the layer input (B, T, C)
-    -> (B, T, H, D). For global layers without RoPE, and without a local window (:func:`folds_input`)."""
-    projection = module.sliced_projection
-    batch, length, _ = hidden_states.shape
-    if isinstance(projection, SlicedProjection) and isinstance(value, Affine):
-        values, query_scalars, key_scalars = projection.project_input_with_value(hidden_states, query, key, value)
-    else:
-        if isinstance(value, Affine):
-            values = nn.functional.linear(hidden_states, value.weight, value.bias)
-        else:
-            values = value(hidden_states)
-        query_scalars, key_scalars = projection.project_input(hidden_states, query, key, key_padding_mask)
-    values = values.view(batch, length, projection.num_heads, projection.head_dim).transpose(1, 2)
-    return _attend_scalars(module, query_scalars, key_scalars, values, key_padding_mask, None)
 
 
 def _sliced_term(module: nn.Module, query_scalars: torch.Tensor, key_scalars: torch.Tensor, value: torch.Tensor,

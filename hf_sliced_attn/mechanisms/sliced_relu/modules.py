@@ -12,7 +12,7 @@ sliced attention.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import torch
 from torch import nn
@@ -59,6 +59,12 @@ def _side_by_side(*maps: tuple[torch.Tensor, torch.Tensor | None]) -> tuple[torc
     if all(bias is None for bias in biases):
         return torch.cat(weights), None
     return torch.cat(weights), torch.cat([w.new_zeros(w.shape[0]) if b is None else b for w, b in maps])
+
+
+def side_by_side_products(hidden_states: torch.Tensor, maps: Sequence[LayerMap]) -> list[torch.Tensor]:
+    """Each map of ``hidden_states`` (..., in_features) -> (..., out_features), all from one product."""
+    weight, bias = _side_by_side(*((m.weight, m.bias) for m in maps))
+    return list(nn.functional.linear(hidden_states, weight, bias).split([m.out_features for m in maps], dim=-1))
 
 
 def _after_query_and_key(query: LayerMap, key: LayerMap, weight: torch.Tensor, bias: torch.Tensor | None
@@ -118,16 +124,15 @@ class SlicedProjection(PluginModule):
         scalars = nn.functional.linear(hidden_states, *_after_query_and_key(query, key, weight, None))
         return _query_and_key(scalars, self.num_heads, self.num_slices)
 
-    def project_input_with_value(
-        self, hidden_states: torch.Tensor, query: LayerMap, key: LayerMap, value: LayerMap
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """``value(hidden_states)`` (B, T, value.out_features) and :meth:`project_input`'s scalars, from one
-        product: the value layer's rows beside the folded query and key rows (H*M more outputs than it has)."""
+    def project_input_beside(
+        self, hidden_states: torch.Tensor, query: LayerMap, key: LayerMap, beside: Sequence[LayerMap]
+    ) -> tuple[list[torch.Tensor], torch.Tensor, torch.Tensor]:
+        """Each map of ``beside`` applied to ``hidden_states`` (B, T, out_features each) and :meth:`project_input`'s
+        scalars, from one product: their rows beside the folded query and key rows (2*H*M more outputs)."""
         weight = self._block_diagonal(query.weight.dtype).T  # (H*M, H*D)
-        folded = _after_query_and_key(query, key, weight, None)
-        out = nn.functional.linear(hidden_states, *_side_by_side((value.weight, value.bias), folded))
-        values, scalars = out.split([value.out_features, folded[0].shape[0]], dim=-1)
-        return values, *_query_and_key(scalars, self.num_heads, self.num_slices)
+        *outputs, scalars = side_by_side_products(hidden_states, [*beside, Affine(*_after_query_and_key(query, key,
+                                                                                                       weight, None))])
+        return outputs, *_query_and_key(scalars, self.num_heads, self.num_slices)
 
     def extra_repr(self) -> str:
         return f"num_heads={self.num_heads}, head_dim={self.head_dim}, num_slices={self.num_slices}"
