@@ -26,8 +26,9 @@ each piece of the layer runs forward, then backward from a fixed random gradient
   same combined with a fixed sliced term and denominator (``local_window_attention``): the difference is the
   combination's cost;
 * ``layer``: the self-attention module's forward as the model runs it (the value layer, the projection,
-  the op and the output); ``layer_formed``: the same forming q and k (within ``observe_attention``; a layer
-  with a window always forms them);
+  the op and the output; a layer with a window from one product of its input for q, k, v and a linear
+  projection's scalars); ``layer_formed``: the same forming q and k with the query and key layers (within
+  ``observe_attention``);
 * ``sdpa_fused_layer``: the same layer of the ``sdpa_fused`` model (softmax, SDPA's fused kernel, attention
   dropout 0), on its own layer-0 input, timed in turn with the contender's pieces; the report gives each
   ``layer``'s speed-up over it.
