@@ -3,27 +3,12 @@ wrapped layers called, timed side by side with their paired ratio; "called" real
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
-from pathlib import Path
 
 import torch
 
+from benchmarks import bench_transfer_step as bench
 from hf_sliced_attn.conversion.attention_taps import attention_modules
-
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_transfer_step.py"
-
-
-def _load():
-    spec = importlib.util.spec_from_file_location("bench_transfer_step", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-bench = _load()
 
 
 def test_both_variants_are_timed_folded_and_called(tmp_path):
