@@ -37,7 +37,13 @@ from transformers import AutoConfig, AutoModel  # noqa: E402
 
 import hf_sliced_attn  # noqa: E402
 from benchmarks._harness import Point, Run, interleaved, paired_interval, write_results  # noqa: E402
-from benchmarks.bench_training_step import CONVERTED, checkpoint, make_batch, parse_arguments, parse_shapes  # noqa: E402
+from benchmarks.bench_training_step import (  # noqa: E402
+    CONVERTED,
+    checkpoint,
+    make_batch,
+    parse_arguments,
+    parse_shapes,
+)
 from hf_sliced_attn import integration  # noqa: E402
 from hf_sliced_attn.affine_layers import affine_of  # noqa: E402
 from hf_sliced_attn.conversion.transfer import attention_transfer_loss, with_transfer_lora  # noqa: E402

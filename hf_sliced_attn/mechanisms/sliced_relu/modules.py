@@ -180,8 +180,8 @@ class SlicedMLPProjection(PluginModule):
             init.zeros_(linear.bias)
 
     def _scalars(
-        self, tokens: torch.Tensor, first_layer: Callable[[torch.Tensor], torch.Tensor], token_mask: torch.Tensor | None,
-        parts: int = 1,
+        self, tokens: torch.Tensor, first_layer: Callable[[torch.Tensor], torch.Tensor],
+        token_mask: torch.Tensor | None, parts: int = 1,
     ) -> torch.Tensor:
         """(B, T, F) tokens, the map of F-wide rows to ``parts`` of ``hidden``'s pre-activations side by side
         (parts * W), and a (B, T) bool mask or None -> (B, T, parts * H*M), each part's scalars side by side, 0
