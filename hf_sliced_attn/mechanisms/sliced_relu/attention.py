@@ -80,26 +80,26 @@ def attend_from_input(module: nn.Module, hidden_states: torch.Tensor, query: Aff
     projection = module.sliced_projection
     batch, length, _ = hidden_states.shape
     windowed = find_window_module(module, WINDOW_PREFIX) is not None
-    formed = [query, key] if windowed else []
-    beside = [*formed, value] if isinstance(value, Affine) else formed
-    if isinstance(projection, SlicedProjection):
+    beside = ([query, key] if windowed else []) + ([value] if isinstance(value, Affine) else [])
+    query_scalars = key_scalars = None
+    if isinstance(projection, SlicedProjection):  # its scalars come out of the same product
         outputs, query_scalars, key_scalars = projection.project_input_beside(hidden_states, query, key, beside)
     else:
         outputs = side_by_side_products(hidden_states, beside) if beside else []
-        if not windowed:
-            query_scalars, key_scalars = projection.project_input(hidden_states, query, key, key_padding_mask)
-    values = outputs[-1] if isinstance(value, Affine) else value(hidden_states)
 
     def heads(tokens: torch.Tensor) -> torch.Tensor:  # (B, T, H*D) -> (B, H, T, D)
         return tokens.view(batch, length, projection.num_heads, projection.head_dim).transpose(1, 2)
 
+    values = heads(outputs[-1] if isinstance(value, Affine) else value(hidden_states))
     if not windowed:
-        return _attend_scalars(module, query_scalars, key_scalars, heads(values), key_padding_mask, None)
+        if query_scalars is None:  # the MLP projection, folded into the query and key layers
+            query_scalars, key_scalars = projection.project_input(hidden_states, query, key, key_padding_mask)
+        return _attend_scalars(module, query_scalars, key_scalars, values, key_padding_mask, None)
     queries, keys = heads(outputs[0]), heads(outputs[1])
-    if not isinstance(projection, SlicedProjection):
+    if query_scalars is None:  # the MLP projection, on the q and k the window needs anyway
         query_scalars, key_scalars = projection(queries, keys, key_padding_mask)
-    return _attend_projected(module, queries, keys, heads(values), query_scalars, key_scalars, key_padding_mask,
-                             scaling, None)
+    return _attend_projected(module, queries, keys, values, query_scalars, key_scalars, key_padding_mask, scaling,
+                             None)
 
 
 def _attend_projected(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,

@@ -120,9 +120,8 @@ class SlicedProjection(PluginModule):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """``forward`` of q = ``query(hidden_states)`` and k = ``key(hidden_states)`` viewed as (B, H, T, D),
         from the layer input (B, T, C) without forming q and k. ``token_mask`` is unused, as in ``forward``."""
-        weight = self._block_diagonal(query.weight.dtype).T  # (H*M, H*D)
-        scalars = nn.functional.linear(hidden_states, *_after_query_and_key(query, key, weight, None))
-        return _query_and_key(scalars, self.num_heads, self.num_slices)
+        _, query_scalars, key_scalars = self.project_input_beside(hidden_states, query, key, [])
+        return query_scalars, key_scalars
 
     def project_input_beside(
         self, hidden_states: torch.Tensor, query: LayerMap, key: LayerMap, beside: Sequence[LayerMap]
