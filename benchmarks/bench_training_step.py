@@ -53,6 +53,10 @@ user starts fine-tuning. Contenders:
   layers, on the real tokens), affine output and value mean run forward and backward as in
   ``sliced_relu_converted``. ``sdpa_fused``'s time / its time bounds the speed-up of any kernel for that layer;
   only a cheaper projection can go above it;
+* ``sliced_relu_free_kernel``: the same for plain ``sliced_relu``: its kernel replaced by :class:`FreeSlicedKernel`,
+  so that its folded projection (the scalars' rows in the value layer's product, the gradients of the query and key
+  weights and their optimiser step) runs as in ``sliced_relu``. ``sdpa_fused``'s time / its time bounds the
+  speed-up of plain sliced ReLU with any kernel;
 * ``attention_free_no_qk``: the ceiling of every attention: the same, and the query and key layers removed (each
   returns a constant zero of q's shape, with no parameters, no product and no gradient), so that the step keeps
   only what no attention changes: the value and output layers, the feed-forward layers, layer norms, dropout and
@@ -162,6 +166,7 @@ CONTENDERS: dict[str, Contender] = {
     "attention_free_no_qk": Contender("attention_free", config={"attention_probs_dropout_prob": 0.0},
                                       free_query_key=True),
     "sliced_relu_converted_free_kernel": Contender("sliced_relu", CONVERTED, free_kernel=True),
+    "sliced_relu_free_kernel": Contender("sliced_relu", free_kernel=True),
 }
 """Column name -> its :class:`Contender`."""
 BASELINES = ("sdpa_fused", "sdpa")
@@ -175,6 +180,8 @@ CEILING_ANY = "attention_free_no_qk"
 """The contender that bounds the speed-up of every attention, :data:`FOLDS_QUERY_AND_KEY` included."""
 CEILING_KERNEL = "sliced_relu_converted_free_kernel"
 """The contender that bounds the speed-up of ``sliced_relu_converted`` whatever its kernel costs."""
+CEILING_PLAIN_KERNEL = "sliced_relu_free_kernel"
+"""The contender that bounds the speed-up of plain ``sliced_relu`` whatever its kernel costs."""
 
 
 class FreeProjection(torch.nn.Module):
@@ -448,6 +455,10 @@ CEILINGS = {
                             "sliced_relu_converted with any kernel: its MLP projection, affine output and value mean "
                             "run forward and backward", "no sliced kernel with this projection",
                             bounded=frozenset({"sliced_relu_converted"})),
+    CEILING_PLAIN_KERNEL: Ceiling("sliced_relu with a sliced kernel that costs nothing",
+                                  "sliced_relu with any kernel: its projection, folded into the value layer's "
+                                  "product, runs forward and backward", "no sliced kernel with this projection",
+                                  bounded=frozenset({"sliced_relu"})),
 }
 """Ceiling contender -> its :class:`Ceiling`."""
 

@@ -204,6 +204,22 @@ def test_the_kernel_ceiling_runs_the_converted_layer_but_its_kernel():
     assert value.weight.grad is not None and value.weight.grad.any()
 
 
+def test_the_plain_kernel_ceiling_runs_the_folded_projection_but_not_the_kernel():
+    """Plain sliced_relu under the free kernel: every layer calls it (the real op does not run), and the projection
+    folded into the value layer's product still runs backward: the query and key weights get (zero) gradients."""
+    model = bench.build_model(bench.CEILING_PLAIN_KERNEL)
+    assert bench.CONTENDERS[bench.CEILING_PLAIN_KERNEL].free_kernel
+    batch = bench.make_batch(4, 16, model.config.vocab_size, model.config.pad_token_id)
+    calls = bench.free_sliced_relu.calls
+    with bench.free_kernel(model.config.num_hidden_layers):
+        model(**batch).loss.backward()
+    assert bench.free_sliced_relu.calls - calls == model.config.num_hidden_layers
+    layer = model.bert.encoder.layer[0].attention.self
+    for weights in (layer.query.weight, layer.key.weight, *layer.sliced_projection.parameters()):
+        assert weights.grad is not None and not weights.grad.any()
+    assert layer.value.weight.grad is not None and layer.value.weight.grad.any()
+
+
 def test_the_free_kernel_must_replace_the_kernel_of_every_layer():
     model = bench.build_model("sliced_relu")  # converted layers: 6 calls, not 7
     batch = bench.make_batch(2, 8, model.config.vocab_size, model.config.pad_token_id)
@@ -218,3 +234,10 @@ def test_the_kernel_ceiling_bounds_the_converted_bars_only():
     (line,) = [line for line in bench.ceiling_lines({"32x128": points}) if line.startswith("- 32x128")]
     assert "bars above it: sliced_relu_converted ≥ 1.1×; no sliced kernel with this projection can meet" in line
     assert "sliced_relu ≥ 1.3×" not in line and "window4" not in line
+
+
+def test_the_plain_kernel_ceiling_bounds_the_plain_bars_only():
+    points = {"sdpa_fused": Point(3.0), bench.CEILING_PLAIN_KERNEL: Point(2.4)}
+    (line,) = [line for line in bench.ceiling_lines({"32x128": points}) if line.startswith("- 32x128")]
+    assert "bars above it: sliced_relu ≥ 1.3×; no sliced kernel with this projection can meet" in line
+    assert "sliced_relu_converted" not in line and "window4" not in line
