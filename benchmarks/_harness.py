@@ -253,16 +253,21 @@ def measure_point(run: Callable[[], object], reps: int | Callable[[float], int],
 
 def interleaved(runs: dict[str, Callable[[], object]], rounds: int, label: str | None = None) -> dict[str, Point]:
     """Time contenders side by side: one warm-up call of each, then ``rounds`` rounds of one timed
-    call of each, so that a slow period of a shared machine slows them alike. With a ``label``,
-    every warm-up and round is printed."""
+    call of each, so that a slow period of a shared machine slows them alike. The order rotates from
+    round to round (round r starts with the contender at position r mod n), so that over n rounds each
+    contender runs once in each position, right after each of the others: what a call leaves behind
+    (freed memory, evicted caches) weighs on every contender alike. With a ``label``, every warm-up and
+    round is printed (in the given order)."""
     seconds: dict[str, list[float]] = {name: [] for name in runs}
     for name, run in runs.items():
         _, warm = timed(run)
         if label is not None:
             print(f"  {label} {name:22s} warm-up {warm * 1e3:8.1f} ms", flush=True)
+    names = list(runs)
     for index in range(rounds):
-        for name, run in runs.items():
-            seconds[name].append(timed(run)[1])
+        start = index % len(names)
+        for name in names[start:] + names[:start]:
+            seconds[name].append(timed(runs[name])[1])
         if label is not None:
             print(f"  {label} round {index + 1}/{rounds}: "
                   + ", ".join(f"{name} {times[-1] * 1e3:.1f} ms" for name, times in seconds.items()), flush=True)

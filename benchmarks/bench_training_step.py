@@ -73,7 +73,8 @@ contender and step): random token ids, a quarter of the batch padded (rows ``[0,
 ``--contenders`` measures a subset (default all); the two softmax baselines are always measured, since every
 speed-up is against them. Timing (``benchmarks/_harness.py``): for each shape all contenders' models are built
 first; each runs 1 warm-up step, then the ``--steps`` timed steps run round-robin (a step of sdpa, of
-sliced_relu, ..., then the next round), so that a slow period of a shared machine slows every contender alike. The
+sliced_relu, ..., then the next round, its order rotated by one), so that a slow period of a shared machine, or
+what the step before leaves behind (the default SDPA's freed T x T buffers), slows every contender alike. The
 reported time is each contender's median; the speed-ups are a softmax baseline's time / the contender's
 time, against both ``sdpa_fused`` and ``sdpa``.
 The models of a shape are freed before the next shape is built. ``--threads`` sets
@@ -365,7 +366,7 @@ def report(run: Run, steps: int, times: dict[str, dict[str, Point]]) -> tuple[st
         "",
         f"{run.header()} Step = forward with labels, backward, AdamW(lr {LR:g}) step, zero_grad; train() mode; a "
         f"quarter of each batch padded on its second half. Median of {steps} timed steps after 1 warm-up, "
-        "contenders interleaved step by step (see the script's docstring).",
+        "contenders interleaved step by step, in an order rotated every round (see the script's docstring).",
         "",
         "## Time per step (median) and speed-ups (softmax baseline's time / contender's time)",
         "",

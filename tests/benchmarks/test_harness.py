@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import functools
 import re
 import subprocess
 from pathlib import Path
@@ -118,11 +119,11 @@ def test_measure_point_warms_up_prepares_every_call_and_sees_the_peak_memory():
     assert size * 0.9 < point.peak_bytes < size * 1.5
 
 
-def test_interleaved_runs_take_turns_after_one_warm_up_each():
+def test_interleaved_runs_take_turns_after_one_warm_up_each_in_rotating_order():
     calls: list[str] = []
-    points = interleaved({"a": lambda: calls.append("a"), "b": lambda: calls.append("b")}, rounds=3)
-    assert calls == ["a", "b"] * 4
-    assert {name: len(p.runs) for name, p in points.items()} == {"a": 3, "b": 3}
+    points = interleaved({name: functools.partial(calls.append, name) for name in "abc"}, rounds=4)
+    assert calls == list("abc") + list("abc") + list("bca") + list("cab") + list("abc")
+    assert {name: len(p.runs) for name, p in points.items()} == {"a": 4, "b": 4, "c": 4}
 
 
 # --------------------------------------------------------------------------- environment, files, command line
