@@ -9,7 +9,10 @@ the contender's) covers the step-to-step noise within that run, not the state of
 from run to run: two 100-round runs of rela's default at one commit read 1.031 [1.023, 1.039] and 1.002 [0.990,
 1.015], intervals that do not overlap. Here the unit is the run: for each bar, the runs' mean paired ratios, their
 mean and 95% Student-t interval over the runs (n - 1 degrees of freedom), and that interval's verdict (met only
-when its lower end clears the bar). Each run's own interval and verdict are listed beside it.
+when its lower end clears the bar). Each run's own interval and verdict are listed beside it. The ceilings
+(``bench_training_step.CEILINGS``: a contender that costs less than any contender it bounds) are pooled the same
+way, and a bar they bound that lies above the upper end of their interval over the runs cannot be met on this model
+and machine.
 
 The runs must come from one commit (their ``source``); a bar counts the runs that measured it. Results: printed
 and written to ``<output>/training_step_runs.md`` and ``.json``, with this command and each run's command, date
@@ -26,6 +29,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
+from benchmarks import bench_training_step as bench  # noqa: E402
 from benchmarks._harness import Environment, PairedInterval, paired_interval, write_results  # noqa: E402
 
 STEM = "training_step_runs"
@@ -67,8 +71,42 @@ def pooled_bars(runs: list[dict]) -> list[dict]:
     return pooled
 
 
-def report(environment: Environment, runs: list[dict], bars: list[dict]) -> str:
-    """Markdown: the header, the runs, and per bar each run's interval and the interval over the runs."""
+def pooled_ceilings(runs: list[dict]) -> list[dict]:
+    """Per ceiling and shape measured by two runs or more: each run's mean paired ratio (``sdpa_fused``'s step / the
+    ceiling's, round by round), their interval over the runs, and the bars it bounds at that shape that lie above the
+    interval's upper end (those cannot be met here)."""
+    pooled = []
+    for name, ceiling in bench.CEILINGS.items():
+        for shape in dict.fromkeys(record["shape"] for run in runs for record in run["results"]):
+            means = [_paired_mean(run, name, shape) for run in runs]
+            means = [mean for mean in means if mean is not None]
+            if len(means) < 2:
+                continue
+            across = paired_interval(means)
+            bounded = [(contender, required) for contender, (batch, length), required in bench.BARS
+                       if f"{batch}x{length}" == shape and ceiling.bounds_bar_of(contender)]
+            pooled.append({
+                "ceiling": name, "what": ceiling.what, "bounds": ceiling.bounds, "who": ceiling.who, "shape": shape,
+                "across_runs": across.record(),
+                "bars_above": [{"contender": contender, "required": required}
+                               for contender, required in bounded if required > across.high],
+                "bars_within": [{"contender": contender, "required": required}
+                                for contender, required in bounded if required <= across.high],
+            })
+    return pooled
+
+
+def _paired_mean(run: dict, name: str, shape: str) -> float | None:
+    """The mean over a run's rounds of ``sdpa_fused``'s step / ``name``'s at ``shape``; None where not measured."""
+    steps = {record["contender"]: record["step_s"] for record in run["results"] if record["shape"] == shape}
+    if name not in steps or bench.BASELINES[0] not in steps:
+        return None
+    return paired_interval(base / step for base, step in zip(steps[bench.BASELINES[0]], steps[name], strict=True)).mean
+
+
+def report(environment: Environment, runs: list[dict], bars: list[dict], ceilings: list[dict]) -> str:
+    """Markdown: the header, the runs, per bar each run's interval and the interval over the runs, and per ceiling
+    its interval over the runs and the bars above it."""
     lines = ["# Training-step bars across runs (CPU): all-MiniLM-L6-v2, sequence classification", "",
              f"{environment.describe()}. The runs' source: {runs[0]['environment']['source']}. Each run's mean paired "
              "ratio (sdpa_fused's step / the contender's, same round) is one observation; the bar's verdict is that "
@@ -85,7 +123,20 @@ def report(environment: Environment, runs: list[dict], bars: list[dict]) -> str:
         lines.append(f"| {bar['contender']} at {bar['shape'].replace('x', '×')} | {each} | "
                      f"{_interval(bar['across_runs']).describe('.3f')} | ≥ {bar['required']:g} | "
                      f"**{bar['verdict']}** |")
+    if ceilings:
+        lines += ["", "## Ceilings", "", "| ceiling | shape | across the runs | bounds | bars it bounds above its "
+                  "interval (cannot be met here) | bars it bounds within or under it |", "|---|---|---:|---|---|---|"]
+        for ceiling in ceilings:
+            above, within = (_bar_list(ceiling[key]) for key in ("bars_above", "bars_within"))
+            lines.append(f"| `{ceiling['ceiling']}`: {ceiling['what']} | {ceiling['shape'].replace('x', '×')} | "
+                         f"{_interval(ceiling['across_runs']).describe('.3f')} | {ceiling['bounds']} | {above} | "
+                         f"{within} |")
     return "\n".join(lines) + "\n"
+
+
+def _bar_list(bars: list[dict]) -> str:
+    """"a ≥ 1.3×, b ≥ 1.1×", or "none"."""
+    return ", ".join(f"{bar['contender']} ≥ {bar['required']:g}×" for bar in bars) or "none"
 
 
 def _interval(record: dict) -> PairedInterval:
@@ -102,13 +153,14 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("give two runs or more: one run's interval is bench_training_step.py's own")
     environment = Environment.now(Path(__file__).name, argv)
     runs = load_runs(args.runs)
-    bars = pooled_bars(runs)
-    markdown = report(environment, runs, bars)
+    bars, ceilings = pooled_bars(runs), pooled_ceilings(runs)
+    markdown = report(environment, runs, bars, ceilings)
     print(markdown)
     write_results(args.output, STEM, markdown, {
         "environment": asdict(environment),
         "runs": [{"folder": run["folder"], "environment": run["environment"]} for run in runs],
         "bars": bars,
+        "ceilings": ceilings,
     })
     return 0
 

@@ -14,9 +14,10 @@ from benchmarks import training_step_runs as pool
 from benchmarks._harness import paired_interval
 
 
-def write_run(folder, source: str, ratios: dict[str, list[float]]) -> None:
+def write_run(folder, source: str, ratios: dict[str, list[float]], steps: dict[str, list[float]] | None = None) -> None:
     """A training_step.json as the benchmark writes it, with the paired ratios of the bars in ``ratios``
-    (contender -> per-round ratios at 32x128); the other bars not measured."""
+    (contender -> per-round ratios at 32x128; the other bars not measured) and the step times ``steps`` at 32x128
+    (contender -> seconds per round)."""
     bars = []
     for name, (batch, length), required in bench.BARS:
         values = ratios.get(name) if (batch, length) == (32, 128) else None
@@ -27,7 +28,9 @@ def write_run(folder, source: str, ratios: dict[str, list[float]]) -> None:
     environment = {"command": "python benchmarks/bench_training_step.py", "source": source, "date": "2026-12-05",
                    "load_average": {"start": 0.5, "end": 1.9}}
     folder.mkdir()
-    (folder / "training_step.json").write_text(json.dumps({"environment": environment, "results": [], "bars": bars}))
+    results = [{"contender": name, "shape": "32x128", "step_s": seconds} for name, seconds in (steps or {}).items()]
+    (folder / "training_step.json").write_text(json.dumps({"environment": environment, "results": results,
+                                                           "bars": bars}))
 
 
 def test_the_runs_means_make_the_interval(tmp_path):
@@ -58,6 +61,28 @@ def test_the_runs_means_make_the_interval(tmp_path):
     assert verdicts == {"sliced_relu_window4_linear1": "met", "rela_window4": "not resolved"}
     markdown = (tmp_path / "pooled" / "training_step_runs.md").read_text()
     assert "| rela_window4 at 32×128 |" in markdown and "**not resolved**" in markdown and "**met**" in markdown
+
+
+def test_a_ceiling_pooled_over_the_runs_says_which_bars_lie_above_it(tmp_path):
+    """The plain kernel's ceiling over three runs: its paired means' interval, the plain bar (1.3) above its upper
+    end, and no other bar bounded by it."""
+    ceiling = bench.CEILING_PLAIN_KERNEL
+    rounds = [([1.7, 1.8, 1.75], [1.36, 1.40, 1.37]), ([1.6, 1.7, 1.65], [1.30, 1.33, 1.31]),
+              ([1.8, 1.75, 1.7], [1.43, 1.38, 1.36])]
+    folders = [tmp_path / f"run{i}" for i in range(3)]
+    for folder, (baseline, steps) in zip(folders, rounds):
+        write_run(folder, "commit abc1234", {}, {"sdpa_fused": baseline, ceiling: steps, "sliced_relu": steps})
+    assert pool.main([*map(str, folders), "--output", str(tmp_path / "pooled")]) == 0
+    record = json.loads((tmp_path / "pooled" / "training_step_runs.json").read_text())
+    (pooled,) = record["ceilings"]  # sliced_relu is no ceiling; the others were not measured
+    means = [statistics.fmean(b / c for b, c in zip(baseline, steps)) for baseline, steps in rounds]
+    assert pooled["ceiling"] == ceiling and pooled["shape"] == "32x128"
+    assert pooled["across_runs"]["values"] == pytest.approx(means)
+    assert pooled["across_runs"]["high"] < 1.3
+    assert pooled["bars_above"] == [{"contender": "sliced_relu", "required": 1.3}] and pooled["bars_within"] == []
+    markdown = (tmp_path / "pooled" / "training_step_runs.md").read_text()
+    assert f"| `{ceiling}`: sliced_relu with a sliced kernel that costs nothing | 32×128 |" in markdown
+    assert "| sliced_relu ≥ 1.3× | none |" in markdown
 
 
 def test_runs_of_different_commits_are_refused(tmp_path):
