@@ -74,7 +74,7 @@ contender and step): random token ids, a quarter of the batch padded (rows ``[0,
 speed-up is against them. Timing (``benchmarks/_harness.py``): for each shape all contenders' models are built
 first; each runs 1 warm-up step, then the ``--steps`` timed steps run round-robin (a step of sdpa, of
 sliced_relu, ..., then the next round, its order rotated by one), so that a slow period of a shared machine, or
-what the step before leaves behind (the default SDPA's freed T x T buffers), slows every contender alike. The
+what the step before leaves behind (memory it freed, caches it evicted), slows every contender alike. The
 reported time is each contender's median; the speed-ups are a softmax baseline's time / the contender's
 time, against both ``sdpa_fused`` and ``sdpa``.
 The models of a shape are freed before the next shape is built. ``--threads`` sets
