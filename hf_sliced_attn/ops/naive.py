@@ -158,11 +158,8 @@ def rela_reference(
     with masked pairs contributing exactly 0. Shapes: query (B, H, Tq, D), key and
     value (B, H, Tk, D) -> (B, H, Tq, D) in query's dtype.
     """
-    scaling = query.shape[-1] ** -0.5 if scaling is None else scaling
-    q, k, v = query.double(), key.double(), value.double()
-    mask = pair_mask(q.shape[0], q.shape[2], k.shape[2], key_padding_mask, sliding_window, q.device)
-    weights = (q @ k.transpose(-1, -2) * scaling).clamp_min(0) * mask
-    return (weights @ v).to(query.dtype)
+    weights = rela_weights_reference(query, key, key_padding_mask, scaling=scaling, sliding_window=sliding_window)
+    return (weights @ value.double()).to(query.dtype)
 
 
 def rela_weights_reference(
