@@ -46,8 +46,8 @@ class MechanismConfig:
         metadata={
             "help": (
                 "Which attention layers use the mechanism. 'all': every layer. 'global': the "
-                "layers that attend to the whole sequence; on BERT, RoBERTa and XLM-R that is every "
-                "layer, on ModernBERT the local (sliding-window) layers keep softmax attention, "
+                "layers that attend to the whole sequence; on the BERT family (BERT, RoBERTa, XLM-R, "
+                "CamemBERT, ELECTRA) that is every layer, on ModernBERT the local (sliding-window) layers keep softmax attention, "
                 "computed within the window. A list of layer indices selects those layers only; "
                 "the others keep softmax attention."
             ),

@@ -1,4 +1,4 @@
-"""The BERT family: BERT, RoBERTa and XLM-RoBERTa (encoders; every layer is global).
+"""The BERT family: BERT, RoBERTa, XLM-RoBERTa, CamemBERT and ELECTRA (encoders; every layer is global).
 
 The self-attention class of each (``*SelfAttention``) gets the new module; the model's
 ``attention.output.dense`` follows it as usual. Its forward is q, k, v = ``query``, ``key``, ``value``
@@ -8,8 +8,10 @@ of the input, then the attention function: a mechanism may attend from the input
 from __future__ import annotations
 
 from torch import nn
-from transformers import BertConfig, RobertaConfig, XLMRobertaConfig
+from transformers import BertConfig, CamembertConfig, ElectraConfig, RobertaConfig, XLMRobertaConfig
 from transformers.models.bert.modeling_bert import BertPreTrainedModel, BertSelfAttention
+from transformers.models.camembert.modeling_camembert import CamembertPreTrainedModel, CamembertSelfAttention
+from transformers.models.electra.modeling_electra import ElectraPreTrainedModel, ElectraSelfAttention
 from transformers.models.roberta.modeling_roberta import RobertaPreTrainedModel, RobertaSelfAttention
 from transformers.models.xlm_roberta.modeling_xlm_roberta import XLMRobertaPreTrainedModel, XLMRobertaSelfAttention
 
@@ -38,5 +40,7 @@ SPECS = [
         ("bert", BertConfig, BertPreTrainedModel, BertSelfAttention),
         ("roberta", RobertaConfig, RobertaPreTrainedModel, RobertaSelfAttention),
         ("xlm-roberta", XLMRobertaConfig, XLMRobertaPreTrainedModel, XLMRobertaSelfAttention),
+        ("camembert", CamembertConfig, CamembertPreTrainedModel, CamembertSelfAttention),
+        ("electra", ElectraConfig, ElectraPreTrainedModel, ElectraSelfAttention),
     )
 ]

@@ -18,6 +18,12 @@ def tiny_roberta(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def tiny_electra(tmp_path_factory):
+    """A tiny ELECTRA discriminator, its embeddings (16 wide) projected to the hidden size (32)."""
+    return tiny_checkpoint("electra", tmp_path_factory.mktemp("tiny-electra"), num_hidden_layers=2)
+
+
+@pytest.fixture(scope="session")
 def tiny_modernbert(tmp_path_factory):
     return tiny_checkpoint("modernbert", tmp_path_factory.mktemp("tiny-modernbert"), global_attn_every_n_layers=2)
 

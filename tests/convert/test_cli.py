@@ -43,7 +43,7 @@ def test_unsupported_architecture_lists_the_supported_ones(tmp_path, capsys):
     GPT2Config(n_layer=1, n_embd=16, n_head=2).save_pretrained(tmp_path / "gpt2")
     assert main(convert_args(tmp_path / "gpt2", tmp_path / "o")) == 1
     error = capsys.readouterr().err
-    assert "'gpt2'" in error and all(name in error for name in ("bert", "roberta", "xlm-roberta", "modernbert"))
+    assert "'gpt2'" in error and all(name in error for name in ("bert", "roberta", "xlm-roberta", "camembert", "electra", "modernbert"))
 
 
 def test_empty_text(tiny_roberta, tmp_path, capsys):

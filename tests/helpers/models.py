@@ -18,6 +18,8 @@ from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processor
 from transformers import (
     AutoModel,
     BertConfig,
+    CamembertConfig,
+    ElectraConfig,
     ModernBertConfig,
     PretrainedConfig,
     PreTrainedModel,
@@ -28,7 +30,7 @@ from transformers import (
 
 import hf_sliced_attn
 
-MODEL_TYPES = ["bert", "roberta", "xlm-roberta", "modernbert"]
+MODEL_TYPES = ["bert", "roberta", "xlm-roberta", "camembert", "electra", "modernbert"]
 VOCAB = 120
 TEXT_DIR = files("hf_sliced_attn") / "data" / "text"
 TRAIN_TEXT = str(TEXT_DIR / "convert_train.txt")
@@ -41,6 +43,9 @@ _FAMILIES: dict[str, tuple[type[PretrainedConfig], dict[str, Any]]] = {
     "bert": (BertConfig, _BERT_STYLE),
     "roberta": (RobertaConfig, dict(_BERT_STYLE, pad_token_id=1)),
     "xlm-roberta": (XLMRobertaConfig, dict(_BERT_STYLE, pad_token_id=1)),
+    "camembert": (CamembertConfig, dict(_BERT_STYLE, pad_token_id=1)),
+    # ELECTRA's embeddings may be narrower than its hidden size (a projection between them): 16 here.
+    "electra": (ElectraConfig, dict(_BERT_STYLE, embedding_size=16)),
     "modernbert": (ModernBertConfig, dict(
         max_position_embeddings=128, local_attention=8, global_attn_every_n_layers=3, pad_token_id=0,
         bos_token_id=1, eos_token_id=2, cls_token_id=1, sep_token_id=2, attention_dropout=0.0, mlp_dropout=0.0,

@@ -27,7 +27,7 @@ PROJECTIONS = {"mlp": SlicedMLPProjection, "linear": SlicedProjection,
 PROJECTION_OPTIONS = {"mlp": {"projection": "mlp"}, "linear": {"projection": "linear"},
                       "mlp_narrow": {"projection": "mlp", "mlp_ratio": 5 / 32}}
 """The options that build each of :data:`PROJECTIONS` in a model."""
-BERT_FAMILY = ["bert", "roberta", "xlm-roberta"]
+BERT_FAMILY = ["bert", "roberta", "xlm-roberta", "camembert", "electra"]
 BATCH, LENGTH = 3, 16  # 48 tokens: at least the hidden size (32), where the MLP projection folds
 
 

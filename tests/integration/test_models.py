@@ -178,7 +178,7 @@ def test_a_model_built_without_the_modules_never_runs(softmax_checkpoint):
 
 
 def test_unsupported_architecture_lists_the_supported_ones():
-    with pytest.raises(ValueError, match="Supported architectures: bert, roberta, xlm-roberta, modernbert"):
+    with pytest.raises(ValueError, match="Supported architectures: bert, roberta, xlm-roberta, camembert, electra, modernbert"):
         GPT2Model._from_config(GPT2Config(n_layer=1, n_embd=32, n_head=2), attn_implementation="sliced_relu")
 
 
