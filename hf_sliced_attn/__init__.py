@@ -1,7 +1,7 @@
 """Sliced ReLU attention and ReLA for Hugging Face transformers encoders.
 
 ``import hf_sliced_attn`` registers ``attn_implementation="sliced_relu"`` and ``"rela"``
-on BERT, RoBERTa, XLM-RoBERTa, CamemBERT, ELECTRA and ModernBERT::
+on BERT, RoBERTa, XLM-RoBERTa, CamemBERT, ELECTRA, DistilBERT and ModernBERT::
 
     import hf_sliced_attn
     from transformers import AutoModelForSequenceClassification

@@ -53,7 +53,7 @@ class ConvertOptions:
     """Everything a conversion depends on (the CLI's ``convert`` flags)."""
 
     model: str
-    """Path or Hub id of the softmax checkpoint (BERT, RoBERTa, XLM-R, CamemBERT, ELECTRA or ModernBERT)."""
+    """Path or Hub id of the softmax checkpoint (BERT, RoBERTa, XLM-R, CamemBERT, ELECTRA, DistilBERT or ModernBERT)."""
     mechanism: str
     """A registered mechanism: "sliced_relu" or "rela"."""
     output_dir: str

@@ -5,7 +5,8 @@ On :func:`register` (run by ``import hf_sliced_attn``):
 * ``AttentionInterface`` gets the attention function of every registered mechanism and ``AttentionMaskInterface``
   gets :func:`padding_mask`, a 2D padding-mask builder, for each (never an O(T^2) mask).
 * The self-attention classes of the supported architectures (:mod:`hf_sliced_attn.models`)
-  gain the new module at construction when the config asks for a mechanism, and their
+  gain the new module at construction when the config asks for a mechanism (where they are built
+  without their layer index, DistilBERT's, from the layer stack that builds them), and their
   ``PreTrainedModel`` initialises it in ``_init_weights``; so the parameters exist before
   weights load, and converting a vanilla checkpoint initialises them properly.
 * On the BERT family, whose attention forward is only q, k, v = Linear layers of the input and the
@@ -152,6 +153,22 @@ def _patch_attention_init(attention_class: type[nn.Module], spec: ArchitectureSp
         attach_modules(self, config, spec)
 
     attention_class.__init__ = __init__
+
+
+def _patch_layer_stack_init(spec: ArchitectureSpec) -> None:
+    """Number the attention modules of ``spec.layer_stack`` as it builds them (``layer_idx``), then give each what
+    the config's mechanism needs, as :func:`_patch_attention_init` does for modules built with their index."""
+    stack_class, attention_modules_of = spec.layer_stack
+    original = stack_class.__init__
+
+    @functools.wraps(original)
+    def __init__(self, config, *args, **kwargs):
+        original(self, config, *args, **kwargs)
+        for layer_idx, attention in enumerate(attention_modules_of(self)):
+            attention.layer_idx = layer_idx
+            attach_modules(attention, config, spec)
+
+    stack_class.__init__ = __init__
 
 
 def _attention_from_input(
@@ -362,8 +379,11 @@ def register() -> None:
         return
     MECHANISMS.on_register(_register_with_transformers)
     for spec in ARCHITECTURES.values():
+        if spec.layer_stack is not None:
+            _patch_layer_stack_init(spec)
         for attention_class in spec.attention_classes:
-            _patch_attention_init(attention_class, spec)
+            if spec.layer_stack is None:
+                _patch_attention_init(attention_class, spec)
             if spec.input_projections is not None:
                 _patch_attention_forward(attention_class, spec)
         _patch_init_weights(spec.pretrained_class)

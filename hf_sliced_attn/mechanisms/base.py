@@ -47,9 +47,9 @@ class MechanismConfig:
             "help": (
                 "Which attention layers use the mechanism. 'all': every layer. 'global': the "
                 "layers that attend to the whole sequence; on the BERT family (BERT, RoBERTa, XLM-R, "
-                "CamemBERT, ELECTRA) that is every layer, on ModernBERT the local (sliding-window) layers keep softmax attention, "
-                "computed within the window. A list of layer indices selects those layers only; "
-                "the others keep softmax attention."
+                "CamemBERT, ELECTRA) and DistilBERT that is every layer, on ModernBERT the local "
+                "(sliding-window) layers keep softmax attention, computed within the window. A list of "
+                "layer indices selects those layers only; the others keep softmax attention."
             ),
             "parse": parse_layers,
         },

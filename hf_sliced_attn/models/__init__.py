@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
-from . import bert, modernbert
+from . import bert, distilbert, modernbert
 from .spec import ArchitectureSpec
 
-ARCHITECTURES: dict[str, ArchitectureSpec] = {spec.model_type: spec for spec in (*bert.SPECS, *modernbert.SPECS)}
+ARCHITECTURES: dict[str, ArchitectureSpec] = {
+    spec.model_type: spec for spec in (*bert.SPECS, *distilbert.SPECS, *modernbert.SPECS)
+}
 SUPPORTED_MODEL_TYPES: tuple[str, ...] = tuple(ARCHITECTURES)
 
 

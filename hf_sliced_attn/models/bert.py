@@ -15,7 +15,7 @@ from transformers.models.electra.modeling_electra import ElectraPreTrainedModel,
 from transformers.models.roberta.modeling_roberta import RobertaPreTrainedModel, RobertaSelfAttention
 from transformers.models.xlm_roberta.modeling_xlm_roberta import XLMRobertaPreTrainedModel, XLMRobertaSelfAttention
 
-from .spec import ArchitectureSpec
+from .spec import ArchitectureSpec, every_layer_global
 
 # q, k, v and the attention output projection; not the feed-forward's dense layers.
 LORA_TARGETS = r".*\.attention\.(self\.(query|key|value)|output\.dense)"
@@ -25,17 +25,13 @@ def _head_shape(module: nn.Module) -> tuple[int, int]:
     return module.num_attention_heads, module.attention_head_size
 
 
-def _never_local(config, layer_idx: int) -> bool:
-    return False
-
-
 def _input_projections(module: nn.Module) -> tuple[nn.Module, nn.Module, nn.Module]:
     return module.query, module.key, module.value
 
 
 SPECS = [
     ArchitectureSpec(model_type, config_class, pretrained_class, (attention_class,), LORA_TARGETS, _head_shape,
-                     _never_local, _input_projections)
+                     every_layer_global, _input_projections)
     for model_type, config_class, pretrained_class, attention_class in (
         ("bert", BertConfig, BertPreTrainedModel, BertSelfAttention),
         ("roberta", RobertaConfig, RobertaPreTrainedModel, RobertaSelfAttention),

@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from torch import nn
 from transformers import PretrainedConfig, PreTrainedModel
+
+
+def every_layer_global(config: PretrainedConfig, layer_idx: int) -> bool:
+    """``is_local_layer`` of an architecture without sliding-window layers."""
+    return False
 
 
 @dataclass(frozen=True)
@@ -25,7 +30,11 @@ class ArchitectureSpec:
             forward is only: q, k, v = these layers of the input viewed as (B, H, T, D), the attention
             function, and its (B, T, H*D) output with no weights. Mechanisms with an
             :class:`~hf_sliced_attn.mechanisms.InputAttention` then attend from the input. None where q and
-            k are transformed before attention (RoPE).
+            k are transformed before attention (RoPE), or where the attention module applies more than that.
+        layer_stack: for architectures whose attention modules are built without their layer index (``layer_idx``):
+            the module class that builds the layers, and (that module) -> its attention modules in layer order.
+            Its construction then numbers them and gives them the new modules; None where each attention module
+            is built with its ``layer_idx`` (its own construction gives it the new modules).
     """
 
     model_type: str
@@ -36,3 +45,4 @@ class ArchitectureSpec:
     head_shape: Callable[[nn.Module], tuple[int, int]]
     is_local_layer: Callable[[PretrainedConfig, int], bool]
     input_projections: Callable[[nn.Module], tuple[nn.Module, nn.Module, nn.Module]] | None = None
+    layer_stack: tuple[type[nn.Module], Callable[[nn.Module], Sequence[nn.Module]]] | None = None

@@ -24,6 +24,12 @@ def tiny_electra(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def tiny_distilbert(tmp_path_factory):
+    """A tiny DistilBERT: its attention modules are numbered by its layer stack, and it takes no token type ids."""
+    return tiny_checkpoint("distilbert", tmp_path_factory.mktemp("tiny-distilbert"), num_hidden_layers=2)
+
+
+@pytest.fixture(scope="session")
 def tiny_modernbert(tmp_path_factory):
     return tiny_checkpoint("modernbert", tmp_path_factory.mktemp("tiny-modernbert"), global_attn_every_n_layers=2)
 

@@ -38,7 +38,8 @@ def assert_converted_folder(output, mechanism: str) -> None:
 
 
 @pytest.mark.parametrize(("checkpoint", "mechanism"), [("tiny_roberta", "sliced_relu"), ("tiny_modernbert", "rela"),
-                                                       ("tiny_modernbert", "sliced_relu"), ("tiny_electra", "rela")])
+                                                       ("tiny_modernbert", "sliced_relu"), ("tiny_electra", "rela"),
+                                                       ("tiny_distilbert", "sliced_relu")])
 def test_conversion_end_to_end(checkpoint, mechanism, request, tmp_path):
     output = tmp_path / "out"
     # convert's window of 16 covers these 11-word passages whole, so that softmax alone nearly reproduces the

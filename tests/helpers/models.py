@@ -19,6 +19,7 @@ from transformers import (
     AutoModel,
     BertConfig,
     CamembertConfig,
+    DistilBertConfig,
     ElectraConfig,
     ModernBertConfig,
     PretrainedConfig,
@@ -30,7 +31,7 @@ from transformers import (
 
 import hf_sliced_attn
 
-MODEL_TYPES = ["bert", "roberta", "xlm-roberta", "camembert", "electra", "modernbert"]
+MODEL_TYPES = ["bert", "roberta", "xlm-roberta", "camembert", "electra", "distilbert", "modernbert"]
 VOCAB = 120
 TEXT_DIR = files("hf_sliced_attn") / "data" / "text"
 TRAIN_TEXT = str(TEXT_DIR / "convert_train.txt")
@@ -46,6 +47,10 @@ _FAMILIES: dict[str, tuple[type[PretrainedConfig], dict[str, Any]]] = {
     "camembert": (CamembertConfig, dict(_BERT_STYLE, pad_token_id=1)),
     # ELECTRA's embeddings may be narrower than its hidden size (a projection between them): 16 here.
     "electra": (ElectraConfig, dict(_BERT_STYLE, embedding_size=16)),
+    # DistilBERT names its sizes dim, n_layers and n_heads (the config maps the common names onto them), but not
+    # its feed-forward width or dropouts.
+    "distilbert": (DistilBertConfig, dict(hidden_dim=64, max_position_embeddings=96, dropout=0.0,
+                                          attention_dropout=0.0)),
     "modernbert": (ModernBertConfig, dict(
         max_position_embeddings=128, local_attention=8, global_attn_every_n_layers=3, pad_token_id=0,
         bos_token_id=1, eos_token_id=2, cls_token_id=1, sep_token_id=2, attention_dropout=0.0, mlp_dropout=0.0,

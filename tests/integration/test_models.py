@@ -154,7 +154,7 @@ def test_a_converted_model_refuses_another_attention(softmax_checkpoint, tmp_pat
 
 
 @pytest.mark.parametrize("mechanism", MECHANISMS)
-@pytest.mark.parametrize("softmax_checkpoint", ["bert", "modernbert"], indirect=True)
+@pytest.mark.parametrize("softmax_checkpoint", ["bert", "distilbert", "modernbert"], indirect=True)
 def test_set_attn_implementation_attaches_initialised_modules(softmax_checkpoint, mechanism):
     model = AutoModel.from_pretrained(softmax_checkpoint).eval()
     ids = tokens(1, 10)
@@ -178,7 +178,8 @@ def test_a_model_built_without_the_modules_never_runs(softmax_checkpoint):
 
 
 def test_unsupported_architecture_lists_the_supported_ones():
-    with pytest.raises(ValueError, match="Supported architectures: bert, roberta, xlm-roberta, camembert, electra, modernbert"):
+    supported = "bert, roberta, xlm-roberta, camembert, electra, distilbert, modernbert"
+    with pytest.raises(ValueError, match=f"Supported architectures: {supported}"):
         GPT2Model._from_config(GPT2Config(n_layer=1, n_embd=32, n_head=2), attn_implementation="sliced_relu")
 
 
@@ -436,3 +437,16 @@ def test_a_config_object_is_not_poisoned(model_type, mechanism):
     with torch.no_grad():
         torch.testing.assert_close(baseline(input_ids=ids).last_hidden_state, untouched(input_ids=ids).last_hidden_state)
     assert "hf_sliced_attn" not in baseline.config.to_dict()
+
+
+@pytest.mark.parametrize("model_type", MODEL_TYPES)
+def test_a_layer_list_converts_exactly_those_layers(model_type):
+    """``layers=[0, 2]`` of three: the first and last attention modules (in layer order) run the mechanism and
+    have its modules, the middle one keeps softmax, on every architecture, those whose attention modules are
+    built without their layer index (DistilBERT: its layer stack numbers them) included."""
+    config = hf_sliced_attn.prepare_config(tiny_config(model_type), "sliced_relu", layers=[0, 2])
+    model = AutoModel.from_config(config)
+    layers = attention_modules(model)
+    assert [m.layer_idx for m in layers] == [0, 1, 2]
+    assert [getattr(m, LAYER_MODE_ATTR) for m in layers] == ["sliced_relu", "softmax", "sliced_relu"]
+    assert [hasattr(m, "sliced_projection") for m in layers] == [True, False, True]
