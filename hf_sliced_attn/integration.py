@@ -9,9 +9,10 @@ On :func:`register` (run by ``import hf_sliced_attn``):
   without their layer index, DistilBERT's, from the layer stack that builds them), and their
   ``PreTrainedModel`` initialises it in ``_init_weights``; so the parameters exist before
   weights load, and converting a vanilla checkpoint initialises them properly.
-* On the BERT family, whose attention forward is only q, k, v = Linear layers of the input and the
-  attention function, a converted layer whose mechanism can attend from the input (sliced ReLU folds its
-  projection into the query and key layers) does so: the same function with fewer matrix products.
+* On the BERT family and DistilBERT, whose attention forward is only q, k, v = Linear layers of the input and
+  the attention function (then DistilBERT's output layer), a converted layer whose mechanism can attend from the
+  input (sliced ReLU folds its projection into the query and key layers) does so: the same function with fewer
+  matrix products.
 * Their configs save ``attn_implementation`` next to the plugin's options. Loading a
   converted checkpoint with the plugin selects the mechanism by itself; without the
   plugin transformers refuses the unknown implementation instead of running softmax.
@@ -197,7 +198,8 @@ def _attention_from_input(
     value = affine_of(value_layer) or value_layer
     scaling = getattr(module, "scaling", None)  # the softmax scaling of a local window; None: D^-1/2
     out = mechanism.input_attention.attend(module, hidden_states, query, key, value, padding, scaling)
-    return out.reshape(batch, length, -1).contiguous(), None
+    out = out.reshape(batch, length, -1).contiguous()
+    return (out if spec.output_layer is None else spec.output_layer(module)(out)), None
 
 
 def _patch_attention_forward(attention_class: type[nn.Module], spec: ArchitectureSpec) -> None:

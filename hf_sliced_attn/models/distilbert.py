@@ -2,7 +2,7 @@
 
 Its self-attention module (``DistilBertSelfAttention``: ``q_lin``, ``k_lin``, ``v_lin``, the attention function,
 then ``out_lin``) is built without its layer index, so the layer stack (``Transformer``) numbers the modules it
-builds and gives them the new modules. The output layer inside the module keeps it off the input fold.
+builds and gives them the new modules. A mechanism may attend from the input, ``out_lin`` after it.
 """
 
 from __future__ import annotations
@@ -29,9 +29,18 @@ def _attention_modules(stack: nn.Module) -> list[nn.Module]:
     return [block.attention for block in stack.layer]
 
 
+def _input_projections(module: nn.Module) -> tuple[nn.Module, nn.Module, nn.Module]:
+    return module.q_lin, module.k_lin, module.v_lin
+
+
+def _output_layer(module: nn.Module) -> nn.Module:
+    return module.out_lin
+
+
 SPECS = [
     ArchitectureSpec(
         "distilbert", DistilBertConfig, DistilBertPreTrainedModel, (DistilBertSelfAttention,), LORA_TARGETS,
-        _head_shape, every_layer_global, layer_stack=(Transformer, _attention_modules),
+        _head_shape, every_layer_global, _input_projections, layer_stack=(Transformer, _attention_modules),
+        output_layer=_output_layer,
     )
 ]

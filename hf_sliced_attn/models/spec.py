@@ -28,13 +28,15 @@ class ArchitectureSpec:
         is_local_layer: (config, layer_idx) -> whether that layer attends within a sliding window.
         input_projections: (module) -> its query, key and value layers, for architectures whose attention
             forward is only: q, k, v = these layers of the input viewed as (B, H, T, D), the attention
-            function, and its (B, T, H*D) output with no weights. Mechanisms with an
-            :class:`~hf_sliced_attn.mechanisms.InputAttention` then attend from the input. None where q and
-            k are transformed before attention (RoPE), or where the attention module applies more than that.
+            function, and its (B, T, H*D) output with no weights (or that output through ``output_layer``).
+            Mechanisms with an :class:`~hf_sliced_attn.mechanisms.InputAttention` then attend from the input.
+            None where q and k are transformed before attention (RoPE).
         layer_stack: for architectures whose attention modules are built without their layer index (``layer_idx``):
             the module class that builds the layers, and (that module) -> its attention modules in layer order.
             Its construction then numbers them and gives them the new modules; None where each attention module
             is built with its ``layer_idx`` (its own construction gives it the new modules).
+        output_layer: (module) -> the layer its forward applies to the attention's (B, T, H*D) output before
+            returning it (DistilBERT's ``out_lin``); None where it returns that output as it is.
     """
 
     model_type: str
@@ -46,3 +48,4 @@ class ArchitectureSpec:
     is_local_layer: Callable[[PretrainedConfig, int], bool]
     input_projections: Callable[[nn.Module], tuple[nn.Module, nn.Module, nn.Module]] | None = None
     layer_stack: tuple[type[nn.Module], Callable[[nn.Module], Sequence[nn.Module]]] | None = None
+    output_layer: Callable[[nn.Module], nn.Module] | None = None

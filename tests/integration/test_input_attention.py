@@ -1,4 +1,4 @@
-"""Sliced ReLU layers of the BERT family attend from their input, the projection folded into the query
+"""Sliced ReLU layers of the BERT family and DistilBERT attend from their input, the projection folded into the query
 and key layers (through peft's LoRA adapters too): the same outputs and gradients as forming q and k, and the
 usual forward wherever the fold does not apply (hooked layers, a LoRA dropout in training, observed layers,
 batches too small to gain)."""
@@ -19,6 +19,7 @@ import hf_sliced_attn
 from hf_sliced_attn.attention import observe_attention
 from hf_sliced_attn.mechanisms.sliced_relu import SlicedMLPProjection, SlicedProjection
 from hf_sliced_attn.conversion.attention_taps import attention_modules
+from hf_sliced_attn.models import spec_for
 
 from tests.helpers.models import VOCAB, tiny_encoder
 
@@ -27,7 +28,8 @@ PROJECTIONS = {"mlp": SlicedMLPProjection, "linear": SlicedProjection,
 PROJECTION_OPTIONS = {"mlp": {"projection": "mlp"}, "linear": {"projection": "linear"},
                       "mlp_narrow": {"projection": "mlp", "mlp_ratio": 5 / 32}}
 """The options that build each of :data:`PROJECTIONS` in a model."""
-BERT_FAMILY = ["bert", "roberta", "xlm-roberta", "camembert", "electra"]
+FOLDING_TYPES = ["bert", "roberta", "xlm-roberta", "camembert", "electra", "distilbert"]
+"""The architectures whose attention forward is q, k, v of the input, the attention function (and an output layer)."""
 BATCH, LENGTH = 3, 16  # 48 tokens: at least the hidden size (32), where the MLP projection folds
 
 
@@ -158,10 +160,17 @@ def linear_calls(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[nn.Linear]]:
         yield calls
 
 
+def query_and_key(attention: nn.Module, model: nn.Module) -> tuple[nn.Module, nn.Module]:
+    """The query and key layers of one of ``model``'s attention modules (``query``/``key``, DistilBERT's ``q_lin``/
+    ``k_lin``)."""
+    query, key, _ = spec_for(model.config.model_type).input_projections(attention)
+    return query, key
+
+
 def query_key_calls(model: nn.Module, calls: list[nn.Linear]) -> int:
     """How many of ``calls`` were attention query or key layers (peft-wrapped ones through their base layer)."""
     layers = {id(m.get_base_layer() if hasattr(m, "get_base_layer") else m)
-              for a in attention_modules(model) for m in (a.query, a.key)}
+              for a in attention_modules(model) for m in query_and_key(a, model)}
     return sum(id(call) in layers for call in calls)
 
 
@@ -208,7 +217,7 @@ def assert_same(got: tuple, want: tuple, tolerance: float = 1e-4, exclude: set[s
 
 
 @pytest.mark.parametrize("projection", PROJECTIONS)
-@pytest.mark.parametrize("model_type", BERT_FAMILY)
+@pytest.mark.parametrize("model_type", FOLDING_TYPES)
 def test_converted_layers_attend_from_their_input(model_type, projection, monkeypatch):
     """No converted layer runs its query or key layer, and the outputs and gradients are those of forming q and k
     (an observed forward forms them): in float64 to 1e-9, in float32 to rounding, but for the gradients that are
@@ -289,14 +298,16 @@ def test_the_linear_projection_runs_in_the_value_layers_product(monkeypatch):
 
 
 @pytest.mark.parametrize("projection", PROJECTIONS)
-def test_lora_wrapped_layers_fold_through_their_adapters(projection, monkeypatch):
+@pytest.mark.parametrize("model_type", ["bert", "distilbert"])
+def test_lora_wrapped_layers_fold_through_their_adapters(model_type, projection, monkeypatch):
     """peft wraps the attention projections (as attention transfer does): the fold reads W_0 + s B A, so no query
     or key layer runs, nor their LoRA factors; the outputs and the gradients of every trainable parameter (the
-    LoRA factors, the new modules) are those of forming q and k; merging gives the same model, folded again."""
-    model, inputs = affine_sliced_relu_encoder("bert", projection), batch()
+    LoRA factors, the new modules, on DistilBERT the output layer's LoRA inside the attention module) are those of
+    forming q and k; merging gives the same model, folded again."""
+    model, inputs = affine_sliced_relu_encoder(model_type, projection), batch()
     lora = get_peft_model(model, LoraConfig(r=4, target_modules=hf_sliced_attn.lora_target_modules(model),
                                             modules_to_save=hf_sliced_attn.modules_to_save(model), init_lora_weights=False))
-    factors = {id(factor) for a in attention_modules(lora) for layer in (a.query, a.key)
+    factors = {id(factor) for a in attention_modules(lora) for layer in query_and_key(a, lora)
                for factor in (*layer.lora_A.values(), *layer.lora_B.values())}
     assert len(factors) == 4 * model.config.num_hidden_layers
     with linear_calls(monkeypatch) as calls:
