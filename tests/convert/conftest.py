@@ -25,7 +25,7 @@ def tiny_electra(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def tiny_distilbert(tmp_path_factory):
-    """A tiny DistilBERT: its attention modules are numbered by its layer stack, and it takes no token type ids."""
+    """A tiny DistilBERT: its attention modules are numbered by its layer stack, not built with their index."""
     return tiny_checkpoint("distilbert", tmp_path_factory.mktemp("tiny-distilbert"), num_hidden_layers=2)
 
 
