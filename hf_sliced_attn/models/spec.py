@@ -22,7 +22,7 @@ class ArchitectureSpec:
         model_type: ``config.model_type`` of the architecture.
         config_class: its config class (its ``to_dict`` gains the saved ``attn_implementation``).
         pretrained_class: its ``PreTrainedModel`` base (its ``_init_weights`` initialises the new modules).
-        attention_classes: the self-attention classes whose ``__init__`` gains the new modules.
+        attention_classes: the self-attention classes; their modules gain the new modules at construction.
         lora_target_modules: peft ``target_modules`` for the attention projections.
         head_shape: (module) -> (num_heads, head_dim) of a built attention module.
         is_local_layer: (config, layer_idx) -> whether that layer attends within a sliding window.
